@@ -1,0 +1,140 @@
+"""Shared test fixtures: a real, throwaway ``redis-server`` per test (no fakes).
+
+Service tests and fault tests use ``redis_server`` (``.url``, ``.port``,
+``.kill()``, ``.restart()`` on the same port) and ``redis_client`` (an asyncio
+client on it, bytes in and out). ``RedisServer`` and ``free_port`` are plain
+helpers so a test can also start extra servers itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+REDIS_START_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One ``redis-server`` child process, no persistence, bound to 127.0.0.1.
+
+    ``kill()`` SIGKILLs it (data lost, as in a crash); ``restart()`` starts a
+    fresh one on the same port, so clients holding ``url`` can reconnect.
+    """
+
+    def __init__(self, *, workdir: Path, port: int | None = None) -> None:
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("redis-server is not on PATH")
+        self.workdir = workdir
+        self.port = port if port is not None else free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start the server and wait until it answers PING."""
+        if self.running:
+            raise RuntimeError(f"redis-server already running on port {self.port}")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            "redis-server",
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.workdir),
+            "--logfile", str(self.workdir / "redis.log"),
+        ]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline_s = time.monotonic() + REDIS_START_TIMEOUT_S
+        while time.monotonic() < deadline_s:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self._proc.returncode} on port {self.port}")
+            if _ping(self.port):
+                return
+            time.sleep(0.01)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer PING on port {self.port} within {REDIS_START_TIMEOUT_S}s")
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: in-memory data is gone)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def stop(self) -> None:
+        """Terminate gracefully, falling back to SIGKILL."""
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def restart(self) -> None:
+        """Kill (if running) and start again on the same port, empty."""
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server on a free port for this test, stopped at teardown."""
+    server = RedisServer(workdir=tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[aredis.Redis]:
+    """An asyncio client (bytes, no decoding) on ``redis_server``, closed at teardown.
+
+    It retries connection errors with backoff, so it survives ``restart()``.
+    """
+    client = aredis.Redis.from_url(
+        redis_server.url,
+        decode_responses=False,
+        socket_timeout=10.0,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 5),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    )
+    try:
+        yield client
+    finally:
+        await client.aclose()
