@@ -1,0 +1,156 @@
+"""Every Redis stream, consumer group and key name, in one place (STYLE.md rule 2).
+
+Where it sits: every service and test builds its names from one `Names` object,
+so that `redis-cli KEYS 'dynsched:*'` shows the whole system and a second run
+on the same Redis can live under another namespace. No other module writes a
+Redis key literal.
+
+Data flow over the streams:
+
+    rollouter --lb_requests--> loadbalancer --worker_requests(id)--> rollout-worker
+    rollout-worker --lb_results--> loadbalancer --rollouter_results--> rollouter
+    rollouter --mq--> trainer (consumer group TRAINER_GROUP; mq_size = its lag + pending)
+    trainer --trainer_events--> controller --trainer_replies--> trainer
+    controller --worker_commands(id) / lb_commands / rollouter_commands--> peers
+    peers --controller_acks--> controller
+    everyone --audit--> (tests, charts, redis-cli)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_NAMESPACE = "dynsched"
+
+# Consumer groups (one per reading service).
+TRAINER_GROUP = "trainer"
+CONTROLLER_GROUP = "controller"
+LOADBALANCER_GROUP = "loadbalancer"
+ROLLOUTER_GROUP = "rollouter"
+WORKER_GROUP = "worker"
+
+# Leases and timeouts.
+HEARTBEAT_TTL_S = 10
+"""A service whose heartbeat key is older than this is considered dead."""
+MAX_DELIVERIES = 5
+"""An entry delivered this many times without an ack goes to the dead-letter stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """All names for one run, under one namespace prefix."""
+
+    namespace: str = DEFAULT_NAMESPACE
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.namespace, *parts))
+
+    # --- streams -------------------------------------------------------------
+    @property
+    def mq(self) -> str:
+        """The MessageQueue: finished samples, read by the trainer's consumer group."""
+        return self._key("mq")
+
+    @property
+    def lb_requests(self) -> str:
+        """Generation requests from the rollouter to the load balancer."""
+        return self._key("lb", "requests")
+
+    @property
+    def lb_results(self) -> str:
+        """Finished or aborted generations from workers, back through the load balancer."""
+        return self._key("lb", "results")
+
+    @property
+    def lb_commands(self) -> str:
+        return self._key("lb", "commands")
+
+    def worker_requests(self, replica_id: str) -> str:
+        return self._key("worker", replica_id, "requests")
+
+    def worker_commands(self, replica_id: str) -> str:
+        return self._key("worker", replica_id, "commands")
+
+    @property
+    def rollouter_results(self) -> str:
+        return self._key("rollouter", "results")
+
+    @property
+    def rollouter_commands(self) -> str:
+        return self._key("rollouter", "commands")
+
+    @property
+    def trainer_events(self) -> str:
+        """Trainer -> controller step-phase events."""
+        return self._key("trainer", "events")
+
+    @property
+    def trainer_replies(self) -> str:
+        """Controller -> trainer replies (gpus released, release your GPU, sync done)."""
+        return self._key("trainer", "replies")
+
+    @property
+    def controller_acks(self) -> str:
+        """Acknowledgements of controller commands from workers, LB and rollouter."""
+        return self._key("controller", "acks")
+
+    @property
+    def audit(self) -> str:
+        """Append-only log of lifecycle events (replica states, switches, phases)."""
+        return self._key("audit")
+
+    @property
+    def metrics(self) -> str:
+        """One entry per sync cycle with the seed's metrics."""
+        return self._key("metrics")
+
+    @property
+    def dead_letters(self) -> str:
+        return self._key("dead")
+
+    # --- keys ------------------------------------------------------------------
+    @property
+    def controller_state(self) -> str:
+        """Controller core snapshot (msgpack), so a restarted controller resumes."""
+        return self._key("controller", "state")
+
+    @property
+    def controller_admin(self) -> str:
+        """Address of the controller's admin API (host:port), for the CLI."""
+        return self._key("controller", "admin")
+
+    @property
+    def rollouter_state(self) -> str:
+        """Hash of the rollouter's counters (total_generated, completed_steps, paused, ...)."""
+        return self._key("rollouter", "state")
+
+    @property
+    def sample_states(self) -> str:
+        """Hash sample_id -> lifecycle state (generating, queued, trained, dropped)."""
+        return self._key("samples")
+
+    @property
+    def accounting(self) -> str:
+        """Hash of counters: fed, generating, queued, trained, dropped."""
+        return self._key("accounting")
+
+    @property
+    def trainer_state(self) -> str:
+        """Hash: param_version, global_steps, done."""
+        return self._key("trainer", "state")
+
+    @property
+    def replica_states(self) -> str:
+        """Hash replica_id -> engine state (active, paused, sleeping) and version."""
+        return self._key("replicas")
+
+    def heartbeat(self, service: str) -> str:
+        return self._key("heartbeat", service)
+
+    def lease(self, consumer: str) -> str:
+        return self._key("lease", consumer)
+
+    @property
+    def run_state(self) -> str:
+        """Hash: status (running, done, failed), started_at."""
+        return self._key("run")
