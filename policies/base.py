@@ -1,0 +1,252 @@
+"""The seed's policy API: context, abstract base class and registry.
+
+Where it sits: `shared <- policies <- core <- services, sim`. A policy is pure
+decision code. The controller core (`core/controller.py`) fills one
+`DynamicScheduleContext` and calls the policy's five methods in the seed's
+order; the policy reads everything it needs from that context and does no I/O
+and reads no clock, so the very same object runs inside the live controller
+service and inside the discrete-event simulator.
+
+Why this module exists: users port policies written for the original
+(`verl.experimental.fully_async_policy.dynamic_schedule`) by changing one
+import line. Method names and signatures are therefore exactly the seed's.
+Additions over the original, all optional for a user policy:
+
+- `load_policy_module(name)` imports a user module so its `@register_policy`
+  fires; config names the module, nobody edits `policies/__init__.py`.
+- `describe()`, `set_deactivate_ratio()`, `state_dict()`/`load_state_dict()`
+  on the base class, for the admin API and crash-safe persistence.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from types import ModuleType
+from typing import Any, ClassVar, TypeVar
+
+
+class UnknownPolicyError(KeyError, ValueError):
+    """`build_policy` was given a name nobody registered.
+
+    A KeyError (as in the original) and a ValueError (bad config) at once; the
+    message lists every registered name.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown policy"
+
+
+@dataclass
+class DynamicScheduleContext:
+    """Everything a policy may look at; one object, mutated in place by the controller core.
+
+    Field names are the original's, so ported policies read the same attributes.
+    Static fields are fixed for a run; runtime fields are refreshed by the
+    controller core at each sync (`core.controller.ControllerCore.begin_sync`)
+    and the per-cycle lists/durations are cleared after `update_after_step`.
+    """
+
+    required_samples: int
+    """Samples per trainer micro-step: ppo_mini_batch_size x require_batches (static)."""
+    trigger_parameter_sync_step: int
+    """Micro-steps per weight-sync cycle (static, >= 1)."""
+    total_generated_samples: int = 0
+    """Samples successfully enqueued by the rollouter since training began (refreshed at sync)."""
+    expected_samples: int = 0
+    """step_required_samples x completed_steps: roughly the samples consumed so far (refreshed at sync)."""
+    buffer_samples: int = 0
+    """step_required_samples x staleness_threshold, the original code's formula (its docs say
+    expected x staleness; no built-in policy reads it)."""
+    step_wait_times: list[float] = field(default_factory=list)
+    """Wall seconds each micro-step of this cycle spent popping its samples, one per collection."""
+    step_wait_samples: list[int] = field(default_factory=list)
+    """max(0, required_samples - queue_size_at_collection_start) per collection, parallel to
+    step_wait_times: samples that really had to be waited for (not served from backlog)."""
+    only_hybrid: bool = False
+    """True when there are no standalone replicas (colocated mode): hybrids are the only rollout capacity."""
+    last_activate_duration_s: float = 0.0
+    """Seconds spent activating this cycle: hybrid weight sync + add + resume + rebalance."""
+    last_deactivate_duration_s: float = 0.0
+    """Seconds spent deactivating this cycle: remove + abort + sleep (the sample wait excluded)."""
+    staleness_threshold: float = 0.0
+    """async_training.staleness_threshold (static); used for buffer_samples."""
+    num_hybrid_replicas: int = 0
+    """Hybrid replicas registered with the controller (static; set by the controller core)."""
+    num_standalone_replicas: int = 0
+    """Standalone replicas registered with the controller (static; set by the controller core)."""
+    step_required_samples: int = field(init=False)
+    """Derived once: required_samples x trigger_parameter_sync_step, the samples of one sync cycle."""
+
+    def __post_init__(self) -> None:
+        if self.required_samples < 1:
+            raise ValueError(f"required_samples must be >= 1, got {self.required_samples}")
+        if self.trigger_parameter_sync_step < 1:
+            raise ValueError(f"trigger_parameter_sync_step must be >= 1, got {self.trigger_parameter_sync_step}")
+        if self.staleness_threshold < 0:
+            raise ValueError(f"staleness_threshold must be >= 0, got {self.staleness_threshold}")
+        self.step_required_samples = self.required_samples * self.trigger_parameter_sync_step
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (lists copied), for persistence."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DynamicScheduleContext:
+        """Inverse of `to_dict`; the derived step_required_samples is recomputed, unknown keys ignored."""
+        init_names = {f.name for f in fields(cls) if f.init}
+        return cls(**{k: copy.deepcopy(v) for k, v in data.items() if k in init_names})
+
+
+def validate_ratio(value: float) -> float:
+    """Return `value` as a float if it is a deactivate_ratio in [0, 1], else raise ValueError."""
+    ratio = float(value)
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"deactivate_ratio must be within [0, 1], got {value!r}")
+    return ratio
+
+
+_SIMPLE = (int, float, str, bool, type(None))
+
+
+def _is_simple(value: Any) -> bool:
+    if isinstance(value, _SIMPLE):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_simple(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_simple(v) for k, v in value.items())
+    return False
+
+
+class DynamicSchedulePolicyBase(ABC):
+    """Decides when hybrid replicas are deactivated and (re-)activated.
+
+    Call order per training step (driven by the controller core):
+      1. should_deactivate()          - at the start of every micro-step.
+      2. deactivate_wait_samples()    - only if (1) returned True: queue size to wait for.
+      3. should_activate_after_step() - at a sync, decided before any weight sync.
+      4. request_rebalance()          - when an activation is planned and rebalance is enabled;
+                                        return False to veto the rebalance, None to let it run.
+      5. update_after_step()          - after the sync; adapt internal state.
+
+    Subclasses need not call `super().__init__()` (the seed's example does not);
+    the helper methods below only use `getattr` with defaults.
+    """
+
+    policy_name: ClassVar[str] = ""
+    """Set by `register_policy` to the name the class was registered under."""
+
+    @abstractmethod
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+        """Return True to deactivate hybrid replicas before this micro-step trains."""
+
+    @abstractmethod
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        """Return the minimum queue size to wait for before deactivation proceeds."""
+
+    @abstractmethod
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        """Return True to (re-)activate hybrid replicas at this sync."""
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:  # noqa: B027
+        """Adapt internal state after a sync. Default: no-op."""
+
+    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
+        """Asked when an activation is planned and rebalance is enabled.
+
+        The original called the rollouter here; a pure policy only answers:
+        None (the seed's signature returns nothing) lets the controller issue
+        the rebalance, False vetoes it. Default: None.
+        """
+        return None
+
+    # ---- helpers for the admin API and persistence (not part of the seed's API) ----
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data snapshot of the instance: every attribute holding simple values (deep-copied)."""
+        return {k: copy.deepcopy(v) for k, v in vars(self).items() if _is_simple(v)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore attributes saved by `state_dict`."""
+        for key, value in state.items():
+            setattr(self, key, copy.deepcopy(value))
+
+    def describe(self) -> dict[str, Any]:
+        """Admin view: name, deactivate_ratio, only_hybrid, plus every simple internal attribute."""
+        info: dict[str, Any] = {
+            "name": self.policy_name or type(self).__name__,
+            "class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "deactivate_ratio": getattr(self, "deactivate_ratio", None),
+            "only_hybrid": getattr(self, "only_hybrid", False),
+        }
+        for key, value in self.state_dict().items():
+            info.setdefault(key.lstrip("_"), value)
+        return info
+
+    def set_deactivate_ratio(self, value: float) -> None:
+        """Admin override of deactivate_ratio; must lie in [0, 1].
+
+        Colocated mode (only_hybrid) pins the ratio at 1.0: with no standalone
+        replicas nothing generates after deactivation, so a smaller wait would
+        leave the trainer without samples.
+        """
+        ratio = validate_ratio(value)
+        if getattr(self, "only_hybrid", False) and ratio != 1.0:
+            raise ValueError(f"only_hybrid (colocated) mode pins deactivate_ratio at 1.0, got {value!r}")
+        self.deactivate_ratio = ratio
+
+
+_POLICY_REGISTRY: dict[str, type[DynamicSchedulePolicyBase]] = {}
+
+PolicyT = TypeVar("PolicyT", bound=type[DynamicSchedulePolicyBase])
+
+
+def register_policy(name: str) -> Callable[[PolicyT], PolicyT]:
+    """Class decorator: register a policy under `name` (a later registration of the same name wins)."""
+    if not name:
+        raise ValueError("policy name must be a non-empty string")
+
+    def decorator(cls: PolicyT) -> PolicyT:
+        if not (isinstance(cls, type) and issubclass(cls, DynamicSchedulePolicyBase)):
+            raise TypeError(f"@register_policy({name!r}) needs a DynamicSchedulePolicyBase subclass, got {cls!r}")
+        cls.policy_name = name
+        _POLICY_REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def registered_policies() -> list[str]:
+    """Sorted names of every registered policy."""
+    return sorted(_POLICY_REGISTRY)
+
+
+def build_policy(name: str, *, deactivate_ratio: float, only_hybrid: bool) -> DynamicSchedulePolicyBase:
+    """Instantiate the policy registered as `name`.
+
+    Raises UnknownPolicyError (a KeyError and a ValueError) listing the
+    registered names, or ValueError if deactivate_ratio is outside [0, 1].
+    """
+    cls = _POLICY_REGISTRY.get(name)
+    if cls is None:
+        raise UnknownPolicyError(
+            f"unknown dynamic scheduling policy {name!r}; registered: {', '.join(registered_policies())}"
+        )
+    ratio = validate_ratio(deactivate_ratio)
+    return cls(deactivate_ratio=ratio, only_hybrid=only_hybrid)  # type: ignore[call-arg]
+
+
+def load_policy_module(module_name: str) -> ModuleType:
+    """Import `module_name` (e.g. "my_pkg.my_policy") so its @register_policy decorators run.
+
+    Config lists such modules; importing an already-imported module is a no-op.
+    """
+    if not module_name:
+        raise ValueError("policy module name must be a non-empty string")
+    return importlib.import_module(module_name)

@@ -1,0 +1,44 @@
+"""Built-in "fixed_ratio" policy: the default policy without adaptation or cost gate.
+
+Where it sits: registered under "fixed_ratio" (imported by `policies/__init__.py`,
+so it is available by default, unlike the original where the import was
+missing); used for fixed-ratio ablations. Pure: everything comes from the context.
+"""
+
+from __future__ import annotations
+
+from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy, validate_ratio
+
+
+@register_policy("fixed_ratio")
+class FixedRatioDynamicSchedulePolicy(DynamicSchedulePolicyBase):
+    """Deactivate whenever hybrids are active; the ratio never changes.
+
+    - should_deactivate: is_hybrid_active.
+    - deactivate_wait_samples: int(step_required_samples x ratio).
+    - should_activate_after_step: generated - expected < ratio x step_required (a pure gap
+      check, no cost/benefit gate); always True when only_hybrid.
+    - update_after_step: no-op.
+
+    Fixed versus the original: registered by default; the ratio is validated to
+    lie in [0, 1]; only_hybrid pins it at 1.0 (as the original did).
+    """
+
+    def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
+        ratio = validate_ratio(deactivate_ratio)
+        self.deactivate_ratio = 1.0 if only_hybrid else ratio
+        self.only_hybrid = only_hybrid
+
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+        return is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        return int(ctx.step_required_samples * self.deactivate_ratio)
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        if self.only_hybrid:
+            return True
+        surplus = ctx.total_generated_samples - ctx.expected_samples
+        return surplus < self.deactivate_ratio * ctx.step_required_samples
