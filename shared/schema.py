@@ -104,6 +104,8 @@ class GenerateResult:
     finish_reason: str
     """'stop', 'length', 'abort' (partial, retry) or 'rejected' (replica not serving; retry)."""
     weight_version: int
+    attempt: int = 0
+    """Echo of the request's attempt, so a late duplicate of an old attempt is ignored."""
     generation_time_s: float = 0.0
 
 

@@ -1,0 +1,51 @@
+"""`python -m services.rollout_worker --replica-id ID [--replica-id ID2 ...]`: one process, one or more replicas."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from core.replica import ReplicaState
+from services.rollout_worker.engine import Engine
+from services.rollout_worker.worker import RolloutWorker
+from shared.bus import Bus
+from shared.config import Config
+from shared.runtime import load, run_until_stopped, service_args
+
+
+def build_engine(config: Config, replica_id: str) -> Engine:
+    if config.rollout.backend == "vllm":
+        from services.rollout_worker.vllm_engine import VllmEngine  # heavy import, only when asked for
+
+        return VllmEngine.from_config(config, replica_id=replica_id)  # type: ignore[attr-defined,no-any-return]
+    from services.rollout_worker.sim_engine import SimEngine
+
+    return SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,
+                     prompt_length=config.data.prompt_length, seed=config.run.seed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    def extra(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--replica-id", action="append", required=True)
+
+    args = service_args("dynsched rollout worker", argv, extra)
+    config, names = load(args)
+
+    async def body(bus: Bus, stop: asyncio.Event) -> None:
+        workers = []
+        for replica_id in args.replica_id:
+            engine = build_engine(config, replica_id)
+            await engine.start()
+            initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
+            workers.append(RolloutWorker(bus=bus, replica_id=replica_id, engine=engine, initial_state=initial))
+        try:
+            await asyncio.gather(*(worker.run(stop) for worker in workers))
+        finally:
+            for worker in workers:
+                await worker.engine.close()
+
+    run_until_stopped(body, redis_url=args.redis_url, names=names)
+
+
+if __name__ == "__main__":
+    main()

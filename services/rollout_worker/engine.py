@@ -1,0 +1,39 @@
+"""The engine interface a rollout-worker drives (docs/contracts.md).
+
+Backends: `sim_engine.SimEngine` (timing model of a GPU replica) and
+`vllm_engine.VllmEngine` (real vLLM). The worker never knows which one it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineOutput:
+    """What one generate() call produced."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    """'stop', 'length', or 'abort' (partial tokens; the engine was paused)."""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    async def start(self) -> None: ...
+
+    async def generate(self, *, request_id: str, prompt_token_ids: list[int], max_tokens: int) -> EngineOutput: ...
+
+    async def abort_all(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def sleep(self) -> None: ...
+
+    async def wake(self) -> None: ...
+
+    async def load_weights(self, *, version: int, path: str | None) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,160 @@
+"""One rollout replica as a service: generation requests and controller commands in, results out.
+
+Where it sits: the load balancer routes GenerateRequests to this replica's
+request stream; results go back on the load balancer's result stream. The
+controller drives the replica's lifecycle (core.replica) over its command
+stream and gets a CommandAck for each command.
+
+A request that reaches a replica that is not SERVING (removed, aborted,
+asleep) is answered at once with finish_reason 'rejected' and zero tokens, so
+the rollouter retries it elsewhere: requests are never parked here.
+
+Clean stop: in-flight generations are aborted and their partial tokens sent
+back (the rollouter resumes them elsewhere), then the loops end. Crash:
+unacked requests and commands stay pending in this replica's consumer groups
+and are replayed when a worker with the same replica id starts again;
+duplicates are harmless (results carry the request's attempt, commands are
+idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from core.replica import IllegalReplicaTransition, ReplicaState, transition
+from services.rollout_worker.engine import Engine
+from shared.bus import Bus
+from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP
+from shared.schema import Command, CommandAck, GenerateRequest, GenerateResult
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    def __init__(self, *, bus: Bus, replica_id: str, engine: Engine, initial_state: ReplicaState) -> None:
+        self.bus = bus
+        self.replica_id = replica_id
+        self.engine = engine
+        self.state = initial_state
+        self.version = 0
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """1. publish the initial state; 2. serve commands, requests and heartbeats until `stop`;
+        3. abort in-flight generations so their partial tokens go back to the rollouter."""
+        await self._publish_state("started")
+        loops = [
+            asyncio.create_task(self._serve_commands(stop)),
+            asyncio.create_task(self._serve_requests(stop)),
+            asyncio.create_task(self._heartbeat(stop)),
+        ]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in loops:
+                task.cancel()
+            await self.engine.abort_all()
+            if self._inflight:
+                await asyncio.wait(self._inflight, timeout=5.0)
+
+    async def _serve_requests(self, stop: asyncio.Event) -> None:
+        names = self.bus.names
+        sub = await self.bus.subscribe(names.worker_requests(self.replica_id), WORKER_GROUP, self.replica_id)
+        while not stop.is_set():
+            for entry_id, message in await sub.read(count=256, block_ms=200):
+                if not isinstance(message, GenerateRequest):
+                    log.error("%s: ignoring %s on request stream", self.replica_id, type(message).__name__)
+                    await sub.ack(entry_id)
+                elif self.state is not ReplicaState.SERVING:
+                    await self._send_result(message, token_ids=[], logprobs=[], finish_reason="rejected")
+                    await sub.ack(entry_id)
+                else:
+                    task = asyncio.create_task(self._generate(message, entry_id, sub))
+                    self._inflight.add(task)
+                    task.add_done_callback(self._inflight.discard)
+
+    async def _generate(self, request: GenerateRequest, entry_id: str, sub: object) -> None:
+        version = self.version
+        started = time.monotonic()
+        output = await self.engine.generate(
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, max_tokens=request.max_tokens
+        )
+        await self._send_result(request, token_ids=output.token_ids, logprobs=output.logprobs,
+                                finish_reason=output.finish_reason, version=version,
+                                generation_time_s=time.monotonic() - started)
+        await sub.ack(entry_id)  # type: ignore[attr-defined]
+
+    async def _send_result(self, request: GenerateRequest, *, token_ids: list[int], logprobs: list[float],
+                           finish_reason: str, version: int | None = None, generation_time_s: float = 0.0) -> None:
+        result = GenerateResult(
+            request_id=request.request_id, sample_id=request.sample_id, replica_id=self.replica_id,
+            token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
+            weight_version=self.version if version is None else version, attempt=request.attempt,
+            generation_time_s=generation_time_s,
+        )
+        await self.bus.publish(self.bus.names.lb_results, result)
+
+    async def _serve_commands(self, stop: asyncio.Event) -> None:
+        names = self.bus.names
+        sub = await self.bus.subscribe(names.worker_commands(self.replica_id), WORKER_GROUP, self.replica_id)
+        while not stop.is_set():
+            for entry_id, message in await sub.read(count=16, block_ms=200):
+                if isinstance(message, Command):
+                    await self._apply(message)
+                await sub.ack(entry_id)
+
+    async def _apply(self, command: Command) -> None:
+        started = time.monotonic()
+        try:
+            next_state = transition(self.state, command.action)
+            await self._run_engine(command)
+        except (IllegalReplicaTransition, ValueError) as exc:
+            log.error("%s: command %s %s rejected: %s", self.replica_id, command.command_id, command.action, exc)
+            await self._ack(command, ok=False, error=str(exc))
+            return
+        self.state = next_state
+        await self._publish_state(command.action)
+        await self._ack(command, ok=True, data={"duration_s": time.monotonic() - started})
+
+    async def _run_engine(self, command: Command) -> None:
+        action = command.action
+        if action == "abort":
+            await self.engine.abort_all()
+        elif action == "resume":
+            await self.engine.resume()
+        elif action == "sleep":
+            await self.engine.sleep()
+        elif action == "wake":
+            if self.state is ReplicaState.SLEEPING:
+                await self.engine.wake()
+        elif action == "update_weights":
+            serving = self.state is ReplicaState.SERVING
+            if serving:
+                await self.engine.abort_all()
+            await self.engine.load_weights(version=command.version, path=command.weights_path or None)
+            self.version = command.version
+            if serving:
+                await self.engine.resume()
+        else:
+            raise ValueError(f"unknown worker action {action!r}")
+
+    async def _ack(self, command: Command, *, ok: bool, error: str = "", data: dict[str, float] | None = None) -> None:
+        ack = CommandAck(command_id=command.command_id, sender=self.replica_id, ok=ok, error=error,
+                         data={"state": self.state.value, "version": self.version, **(data or {})})
+        await self.bus.publish(self.bus.names.controller_acks, ack)
+
+    async def _publish_state(self, reason: str) -> None:
+        names = self.bus.names
+        await self.bus.redis.hset(names.replica_states, self.replica_id, f"{self.state.value}:{self.version}")
+        await self.bus.audit(kind="replica_state", subject=self.replica_id, detail=f"{self.state.value} ({reason})",
+                             version=self.version)
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        key = self.bus.names.heartbeat(f"worker:{self.replica_id}")
+        while not stop.is_set():
+            await self.bus.redis.set(key, str(time.time()), ex=HEARTBEAT_TTL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=HEARTBEAT_TTL_S / 3)

@@ -1,0 +1,53 @@
+"""What every service's `main` shares: arguments, logging, signals, the bus.
+
+Where it sits: `services/<name>/__main__.py` calls `service_args` and
+`run_until_stopped`; nothing here knows about any particular service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from shared.bus import Bus
+from shared.config import Config, load_config
+from shared.names import Names
+from shared.streams import connect
+
+
+def service_args(description: str, argv: list[str] | None = None,
+                 extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="run config YAML")
+    parser.add_argument("--redis-url", required=True, help="e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument("--log-level", default="INFO")
+    if extra:
+        extra(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return args
+
+
+def load(args: argparse.Namespace) -> tuple[Config, Names]:
+    config = load_config(args.config)
+    return config, Names(config.run.namespace)
+
+
+def run_until_stopped(body: Callable[[Bus, asyncio.Event], Awaitable[None]], *, redis_url: str, names: Names) -> None:
+    """Run `body(bus, stop)`; SIGTERM/SIGINT set `stop`; the Redis client is closed in `finally`."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        redis = connect(redis_url)
+        try:
+            await body(Bus(redis, names), stop)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(main())
