@@ -1,0 +1,399 @@
+"""Asyncio Redis-stream helpers used by every service: the bus of the system.
+
+Where it sits: every exchange between services (generation requests, results,
+samples into the MessageQueue, commands, acks) is a stream entry read through
+a consumer group. Only this module issues XREADGROUP/XACK/XCLAIM/XPENDING;
+callers pass stream, group and key names (from ``shared/names.py``).
+
+Delivery is at-least-once (duplicates must be harmless upstream):
+
+1. Stable consumer names. After a (re)start, or a connection error that may
+   have lost a reply, ``read`` first replays the consumer's own pending
+   entries (id ``0``, skipping those it still holds), then reads ``>``.
+2. Liveness is a lease key with a TTL, renewed while reading. ``reclaim_dead``
+   claims only entries of consumers whose lease expired, never by idle time.
+3. Past ``max_deliveries`` an entry moves to a dead-letter stream with
+   ``dlq_*`` reason/origin fields and is acked.
+4. Blocking reads get their own connection and ``BLOCK_MS`` well below the
+   socket timeout. Sample streams are never MAXLEN-trimmed: the MessageQueue
+   is bounded by the rollouter's backpressure, measured with ``group_lag``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = logging.getLogger(__name__)
+
+SOCKET_TIMEOUT_S = 10.0  # any single reply slower than this is an error
+BLOCK_MS = 2_000  # default XREADGROUP BLOCK: returns long before the socket would time out
+assert BLOCK_MS < SOCKET_TIMEOUT_S * 1000 / 2, "BLOCK_MS must stay well below the socket timeout"
+HEALTH_CHECK_INTERVAL_S = 30  # connections idle longer than this are PINGed before use
+DEFAULT_LEASE_TTL_S = 10.0
+DEFAULT_LEASE_KEY_PREFIX = "dynsched:lease:"  # lease key = prefix + consumer; names.lease("") fits
+DEFAULT_MAX_DELIVERIES = 5
+DEAD_LETTER_SUFFIX = ":dlq"  # default dead-letter stream = origin stream + suffix
+RECONNECT_TIMEOUT_S = 30.0  # a read keeps retrying a lost connection this long, then raises
+_PAGE = 1000
+
+Fields = Mapping[bytes | str, bytes | str | int | float]
+EntryId = bytes | str
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """One delivered stream entry."""
+
+    entry_id: bytes  # Redis stream id, e.g. b"1718000000000-0"
+    fields: dict[bytes, bytes]  # raw field/value bytes as written by the producer
+    deliveries: int  # times delivered to the group, this delivery included
+
+
+def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S,
+            health_check_interval_s: int = HEALTH_CHECK_INTERVAL_S, client_name: str | None = None) -> aredis.Redis:
+    """An asyncio client returning bytes, retrying connection errors with backoff (``aclose()`` it)."""
+    if socket_timeout_s * 1000 <= 2 * BLOCK_MS:
+        raise ValueError(f"socket_timeout_s={socket_timeout_s} must exceed twice BLOCK_MS={BLOCK_MS} ms")
+    return aredis.Redis.from_url(
+        url,
+        decode_responses=False,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=min(socket_timeout_s, 5.0),
+        health_check_interval=health_check_interval_s,
+        client_name=client_name,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 5),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    )
+
+
+def _dedicated_client(r: aredis.Redis) -> aredis.Redis:
+    """A one-connection client like ``r`` without command retries: a retried
+    XREADGROUP would hide a lost reply; the consumer retries and replays instead."""
+    pool = r.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs.pop("retry_on_error", None)
+    new_pool = aredis.ConnectionPool(connection_class=pool.connection_class, max_connections=1, **kwargs)
+    return aredis.Redis(connection_pool=new_pool)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _b(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+async def ensure_group(r: aredis.Redis, stream: str, group: str, *, start_id: str = "0") -> bool:
+    """Create ``group`` on ``stream`` (and the stream); True if created, False if it existed.
+
+    ``start_id="0"`` makes a new group see entries written before it existed,
+    so samples produced before the trainer started are not skipped.
+    """
+    try:
+        await r.xgroup_create(stream, group, id=start_id, mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+        return False
+    return True
+
+
+async def xadd_many(r: aredis.Redis, stream: str, entries: Iterable[Fields], *, chunk_size: int = 256) -> list[bytes]:
+    """XADD every entry in order, pipelined ``chunk_size`` at a time; returns the ids."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    ids: list[bytes] = []
+    pipe = r.pipeline(transaction=False)
+    pending = 0
+    for fields in entries:
+        pipe.xadd(stream, dict(fields))  # type: ignore[arg-type]
+        pending += 1
+        if pending == chunk_size:
+            ids.extend(await pipe.execute())
+            pending = 0
+    if pending:
+        ids.extend(await pipe.execute())
+    return ids
+
+
+async def group_lag(r: aredis.Redis, stream: str, group: str) -> int:
+    """Entries in ``stream`` not yet delivered to ``group`` (its ``lag``).
+
+    For the MessageQueue this is ``mq_size``: samples not yet taken by the
+    trainer. A missing stream counts 0, a missing group counts every entry.
+    Falls back to counting entries after ``last-delivered-id`` when Redis
+    cannot compute ``lag`` (entries deleted mid-stream, or Redis < 7).
+    """
+    try:
+        groups = await r.xinfo_groups(stream)
+    except ResponseError as exc:
+        if "no such key" in str(exc).lower():
+            return 0
+        raise
+    for info in groups:
+        if _s(info["name"]) != group:
+            continue
+        lag = info.get("lag")
+        if lag is not None:
+            return int(lag)
+        return await _count_after(r, stream, _s(info["last-delivered-id"]))
+    return int(await r.xlen(stream))
+
+
+async def _count_after(r: aredis.Redis, stream: str, last_id: str) -> int:
+    count, cursor = 0, f"({last_id}"  # exclusive range start
+    while True:
+        page: Any = await r.xrange(stream, min=cursor, max="+", count=_PAGE)
+        count += len(page)
+        if len(page) < _PAGE:
+            return count
+        cursor = f"({_s(page[-1][0])}"
+
+
+async def group_pending(r: aredis.Redis, stream: str, group: str) -> int:
+    """Entries delivered to ``group`` and not yet acked (taken, not finished)."""
+    summary = await r.xpending(stream, group)
+    return int(summary["pending"])
+
+
+class StreamConsumer:
+    """One stable-named consumer of one consumer group.
+
+    Loop: ``start()``, then ``read()`` / process / ``ack()``, ``aclose()`` at the end;
+    call ``reclaim_dead()`` now and then. On a crash nothing is lost: unacked entries stay pending under this
+    consumer name; a restart replays them, and if the process never returns
+    another consumer claims them once the lease has expired.
+    """
+
+    def __init__(self, r: aredis.Redis, *, stream: str, group: str, consumer: str,
+                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, lease_key_prefix: str = DEFAULT_LEASE_KEY_PREFIX,
+                 dead_letter_stream: str | None = None, max_deliveries: int = DEFAULT_MAX_DELIVERIES) -> None:
+        if not consumer:
+            raise ValueError("consumer name must be non-empty and stable across restarts")
+        if lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        if max_deliveries < 1:
+            raise ValueError(f"max_deliveries must be >= 1, got {max_deliveries}")
+        self.r = r
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+        self.lease_ttl_s = lease_ttl_s
+        self.lease_key_prefix = lease_key_prefix
+        self.dead_letter_stream = dead_letter_stream or stream + DEAD_LETTER_SUFFIX
+        self.max_deliveries = max_deliveries
+        self._reader = _dedicated_client(r)
+        self._replay_cursor: bytes | None = b"0"  # None once the own PEL is drained
+        self._outstanding: set[bytes] = set()  # handed to the caller, not yet acked
+        self._lease_renewed_at_s = float("-inf")
+        self.dead_lettered = 0
+        self.deleted_pending = 0
+        self.reclaimed = 0
+
+    def lease_key(self, consumer: str | None = None) -> str:
+        return self.lease_key_prefix + (consumer or self.consumer)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the group if needed and take the lease."""
+        await ensure_group(self.r, self.stream, self.group)
+        await self.renew_lease()
+
+    async def renew_lease(self) -> None:
+        """Extend this consumer's lease by ``lease_ttl_s``. Reads renew it; long work should too."""
+        await self.r.set(self.lease_key(), b"1", px=max(1, int(self.lease_ttl_s * 1000)))
+        self._lease_renewed_at_s = time.monotonic()
+
+    async def _renew_lease_if_due(self) -> None:
+        if time.monotonic() - self._lease_renewed_at_s >= self.lease_ttl_s / 3:
+            await self.renew_lease()
+
+    async def aclose(self, *, release_lease: bool = False) -> None:
+        """Close the reader connection; ``release_lease`` lets others reclaim at once."""
+        if release_lease:
+            await self.r.delete(self.lease_key())
+        await self._reader.aclose()
+
+    def rewind(self) -> None:
+        """Replay this consumer's pending entries (not the outstanding ones) at the next read."""
+        self._replay_cursor = b"0"
+
+    # -- reading ---------------------------------------------------------------
+
+    async def read(self, count: int = 128, block_ms: int = BLOCK_MS) -> list[StreamEntry]:
+        """Up to ``count`` entries: own pending ones first, then new ones.
+
+        ``block_ms=0`` does not block. Entries past ``max_deliveries`` are
+        dead-lettered instead of returned; entries deleted while pending are
+        acked and skipped.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        timeout_s = self.r.connection_pool.connection_kwargs.get("socket_timeout")
+        if block_ms < 0 or (timeout_s is not None and block_ms >= timeout_s * 1000 / 2):
+            raise ValueError(f"block_ms={block_ms} must be >= 0 and below half the socket timeout {timeout_s}s")
+        deadline_s = time.monotonic() + RECONNECT_TIMEOUT_S
+        delay_s = 0.05
+        while True:
+            try:
+                await self._renew_lease_if_due()
+                if self._replay_cursor is not None:
+                    replayed = await self._replay(count)
+                    if replayed:
+                        return replayed
+                return await self._read_new(count, block_ms)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("group %s on %s vanished (Redis lost data?); recreating", self.group, self.stream)
+                await ensure_group(self.r, self.stream, self.group)
+            except asyncio.CancelledError:
+                self.rewind()  # a cancelled blocking read may have had entries delivered
+                raise
+            except _TRANSIENT as exc:
+                self.rewind()  # the lost reply may have delivered entries to us
+                if time.monotonic() >= deadline_s:
+                    raise
+                log.warning("read on %s/%s failed (%r); retrying in %.2fs", self.stream, self.consumer, exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(1.0, delay_s * 2)
+
+    async def _read_new(self, count: int, block_ms: int) -> list[StreamEntry]:
+        resp = await self._reader.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count,
+                                             block=block_ms or None)
+        entries = [StreamEntry(_b(eid), fields or {}, 1) for eid, fields in _only_stream(resp)]
+        self._outstanding.update(e.entry_id for e in entries)
+        return entries
+
+    async def _replay(self, count: int) -> list[StreamEntry]:
+        while self._replay_cursor is not None:
+            resp = await self._reader.xreadgroup(self.group, self.consumer, {self.stream: self._replay_cursor}, count=count)
+            page = _only_stream(resp)
+            if not page:
+                self._replay_cursor = None
+                break
+            self._replay_cursor = _b(page[-1][0])
+            pend = await self.r.xpending_range(self.stream, self.group, min=page[0][0], max=page[-1][0],
+                                               count=len(page), consumername=self.consumer)
+            deliveries = {_b(p["message_id"]): int(p["times_delivered"]) for p in pend}
+            fresh = [(_b(eid), fields, deliveries.get(_b(eid), 1))
+                     for eid, fields in page if _b(eid) not in self._outstanding]
+            kept = await self._screen(fresh)
+            if kept:
+                return kept
+        return []
+
+    async def _screen(self, candidates: Sequence[tuple[bytes, dict[bytes, bytes] | None, int]]) -> list[StreamEntry]:
+        """Ack deleted entries, dead-letter over-delivered ones, return the rest."""
+        kept: list[StreamEntry] = []
+        deleted: list[bytes] = []
+        for entry_id, fields, deliveries in candidates:
+            if not fields:  # XADD needs >= 1 field: empty means deleted while pending
+                deleted.append(entry_id)
+            elif deliveries > self.max_deliveries:
+                await self.dead_letter(StreamEntry(entry_id, fields, deliveries), reason="max_deliveries")
+            else:
+                kept.append(StreamEntry(entry_id, fields, deliveries))
+        if deleted:
+            log.warning("acking %d entries of %s deleted while pending: %s", len(deleted), self.stream, deleted)
+            await self.r.xack(self.stream, self.group, *deleted)
+            self.deleted_pending += len(deleted)
+        self._outstanding.update(e.entry_id for e in kept)
+        return kept
+
+    # -- acking / dead letters -----------------------------------------------------
+
+    async def ack(self, ids: Iterable[EntryId]) -> int:
+        """XACK ``ids`` in one call; returns how many were still pending."""
+        id_list = [_b(i) for i in ids]
+        if not id_list:
+            return 0
+        self._outstanding.difference_update(id_list)
+        return int(await self.r.xack(self.stream, self.group, *id_list))
+
+    async def dead_letter(self, entry: StreamEntry, *, reason: str) -> bytes:
+        """Move ``entry`` to the dead-letter stream and ack it, atomically (MULTI)."""
+        fields: dict[bytes, bytes | str | int] = dict(entry.fields)
+        fields.update({b"dlq_reason": reason, b"dlq_stream": self.stream, b"dlq_group": self.group,
+                       b"dlq_id": entry.entry_id, b"dlq_consumer": self.consumer,
+                       b"dlq_deliveries": entry.deliveries})
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(self.dead_letter_stream, fields)  # type: ignore[arg-type]
+        pipe.xack(self.stream, self.group, entry.entry_id)
+        dlq_id, _ = await pipe.execute()
+        self._outstanding.discard(entry.entry_id)
+        self.dead_lettered += 1
+        log.error("dead-lettered %s from %s/%s after %d deliveries (%s) -> %s",
+                  entry.entry_id, self.stream, self.group, entry.deliveries, reason, self.dead_letter_stream)
+        return bytes(dlq_id)
+
+    # -- reclaim -------------------------------------------------------------------
+
+    async def dead_consumers(self) -> list[str]:
+        """Other consumers of the group with pending entries and no live lease."""
+        infos = await self.r.xinfo_consumers(self.stream, self.group)
+        names = [_s(i["name"]) for i in infos if int(i["pending"]) > 0 and _s(i["name"]) != self.consumer]
+        if not names:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.exists(self.lease_key(name))
+        alive = await pipe.execute()
+        return [name for name, is_alive in zip(names, alive, strict=True) if not is_alive]
+
+    async def reclaim_dead(self, count: int = 100) -> list[StreamEntry]:
+        """Claim up to ``count`` pending entries of consumers whose lease expired.
+
+        XAUTOCLAIM cannot filter by owner, so this lists a dead owner's entries
+        with XPENDING and XCLAIMs them with ``min-idle`` = the smallest idle
+        time seen: an entry someone else claimed meanwhile has a reset idle
+        time and is skipped (compare-and-swap). Entries deleted while pending
+        are dropped from the PEL by Redis 7 (acked here on older servers).
+        The caller processes and acks the returned entries like read()'s.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        await self.renew_lease()
+        claimed: list[StreamEntry] = []
+        for owner in await self.dead_consumers():
+            pend = await self.r.xpending_range(self.stream, self.group, min="-", max="+",
+                                               count=count - len(claimed), consumername=owner)
+            if not pend:
+                continue
+            prior = {_b(p["message_id"]): int(p["times_delivered"]) for p in pend}
+            min_idle_ms = max(1, min(int(p["time_since_delivered"]) for p in pend))
+            resp: Any = await self.r.xclaim(self.stream, self.group, self.consumer, min_idle_ms, list(prior))
+            got = [(_b(eid), fields, prior.get(_b(eid), 0) + 1) for eid, fields in resp]
+            kept = await self._screen(got)
+            self.reclaimed += len(got)
+            if got:
+                log.warning("reclaimed %d entries of dead consumer %s on %s", len(got), owner, self.stream)
+            claimed.extend(kept)
+            if len(claimed) >= count:
+                break
+        return claimed
+
+
+def _only_stream(resp: Any) -> list[tuple[Any, dict[bytes, bytes] | None]]:
+    """The entry list of a one-stream XREADGROUP reply (RESP2 list or RESP3 dict)."""
+    if not resp:
+        return []
+    if isinstance(resp, dict):
+        return list(next(iter(resp.values()))[0])
+    return list(resp[0][1])
