@@ -1,0 +1,1 @@
+"""Benchmarks: each module runs standalone (``python -m bench.<name> --out FILE``)."""
