@@ -48,7 +48,7 @@ DEAD_LETTER_SUFFIX = ":dlq"  # default dead-letter stream = origin stream + suff
 RECONNECT_TIMEOUT_S = 30.0  # a read keeps retrying a lost connection this long, then raises
 _PAGE = 1000
 
-Fields = Mapping[bytes | str, bytes | str | int | float]
+Fields = Mapping[Any, bytes | str | int | float]  # keys: bytes or str (Mapping keys are invariant)
 EntryId = bytes | str
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 
