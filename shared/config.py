@@ -80,12 +80,15 @@ class DataConfig:
     """Number of prompts (samples) to generate over the run."""
     n: int = 4
     """Responses per prompt (rollout.n in the original)."""
+    task: str = "sim"
+    """'sim' (synthetic prompts, modelled reward) or 'addition' (rl.task, exact-match reward)."""
     max_response_length: int = 1024
     prompt_length: int = 64
 
     def __post_init__(self) -> None:
         _check(self.total_rollout_steps >= 1, "data.total_rollout_steps", self.total_rollout_steps, ">= 1")
         _check(self.n >= 1, "data.n", self.n, ">= 1")
+        _check(self.task in ("sim", "addition"), "data.task", self.task, "'sim' or 'addition'")
         _check(self.max_response_length >= 1, "data.max_response_length", self.max_response_length, ">= 1")
 
 

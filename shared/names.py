@@ -120,6 +120,11 @@ class Names:
         return self._key("controller", "admin")
 
     @property
+    def lb_members(self) -> str:
+        """List of replica ids the load balancer routes to, in insertion order (survives an LB restart)."""
+        return self._key("lb", "members")
+
+    @property
     def rollouter_state(self) -> str:
         """Hash of the rollouter's counters (total_generated, completed_steps, paused, ...)."""
         return self._key("rollouter", "state")

@@ -175,10 +175,21 @@ class AuditEvent:
     version: int = -1
 
 
-Message = Sample | GenerateRequest | GenerateResult | Command | CommandAck | TrainerEvent | TrainerReply | AuditEvent
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CycleMetrics:
+    """Controller -> `metrics` stream: one sync cycle's metrics under the seed's names."""
+
+    type: ClassVar[str] = "cycle_metrics"
+    version: int
+    global_steps: int
+    t: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+Message = CycleMetrics | Sample | GenerateRequest | GenerateResult | Command | CommandAck | TrainerEvent | TrainerReply | AuditEvent
 _MESSAGE_TYPES: dict[str, type] = {
     cls.type: cls
-    for cls in (Sample, GenerateRequest, GenerateResult, Command, CommandAck, TrainerEvent, TrainerReply, AuditEvent)
+    for cls in (CycleMetrics, Sample, GenerateRequest, GenerateResult, Command, CommandAck, TrainerEvent, TrainerReply, AuditEvent)
 }
 M = TypeVar("M")
 
