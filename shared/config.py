@@ -183,7 +183,7 @@ class Config:
         if self.async_training.use_dynamic_resource_scheduling:
             _check(self.trainer.num_gpus % tp == 0, "trainer.num_gpus", self.trainer.num_gpus,
                    f"divisible by tensor_model_parallel_size={tp} to host hybrid replicas")
-        _check(self.standalone_ids or self.hybrid_ids, "rollout.nnodes", self.rollout.nnodes,
+        _check(bool(self.standalone_ids or self.hybrid_ids), "rollout.nnodes", self.rollout.nnodes,
                ">= 1, or use_dynamic_resource_scheduling with hybrid replicas (colocated mode)")
 
     @property

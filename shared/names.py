@@ -9,7 +9,8 @@ Data flow over the streams:
 
     rollouter --lb_requests--> loadbalancer --worker_requests(id)--> rollout-worker
     rollout-worker --lb_results--> loadbalancer --rollouter_results--> rollouter
-    rollouter --mq--> trainer (consumer group TRAINER_GROUP; mq_size = its lag + pending)
+    rollouter --mq--> trainer (consumer group TRAINER_GROUP; mq_size = its lag:
+    samples not yet taken by the trainer)
     trainer --trainer_events--> controller --trainer_replies--> trainer
     controller --worker_commands(id) / lb_commands / rollouter_commands--> peers
     peers --controller_acks--> controller

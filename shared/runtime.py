@@ -18,6 +18,15 @@ from shared.names import Names
 from shared.streams import connect
 
 
+async def sleep_unless(event: asyncio.Event, timeout_s: float) -> bool:
+    """Sleep up to `timeout_s`, returning early (True) when `event` is set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout=timeout_s)
+    except TimeoutError:
+        return False
+    return True
+
+
 def service_args(description: str, argv: list[str] | None = None,
                  extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)

@@ -198,9 +198,9 @@ def _is_scalar_field(f: dataclasses.Field[Any]) -> bool:
     return f.type in ("str", "int", "float", "bool")
 
 
-def encode(message: Message) -> dict[str, bytes | str]:
+def encode(message: Message) -> dict[Any, Any]:
     """Dataclass -> stream fields: scalars as strings, the rest in one msgpack payload."""
-    fields: dict[str, bytes | str] = {TYPE_FIELD: message.type}
+    fields: dict[Any, Any] = {TYPE_FIELD: message.type}
     payload: dict[str, Any] = {}
     for f in dataclasses.fields(message):
         value = getattr(message, f.name)

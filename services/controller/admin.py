@@ -1,0 +1,137 @@
+"""The controller's admin API (FastAPI) and Prometheus export.
+
+Where it sits: served by uvicorn inside the controller process, on the same
+event loop as the controller, so handlers read and steer the live
+`Controller` without locks. Forced switches are queued in the core and
+applied at the next safe point with the normal ordering.
+
+Endpoints: GET /healthz, GET /status, POST /activate, POST /deactivate,
+GET /policy, PUT /policy, GET /metrics (Prometheus text). Bad requests get a
+4xx with a message that says what was wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies import build_policy, registered_policies
+from services.controller.service import Controller
+from shared.bus import text
+from shared.names import TRAINER_GROUP
+from shared.streams import group_lag
+
+
+class PolicyUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(default=None, description="a registered policy name")
+    deactivate_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class PrometheusExporter:
+    """One gauge per metric name (the seed's names with every non-alphanumeric char replaced by '_')."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._gauges: dict[str, Gauge] = {}
+
+    def update(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+            if name not in self._gauges:
+                self._gauges[name] = Gauge(name, f"dynsched metric {key}", registry=self.registry)
+            self._gauges[name].set(value)
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+
+def build_app(controller: Controller, exporter: PrometheusExporter) -> FastAPI:
+    app = FastAPI(title="dynsched controller", version="0.1.0")
+    bus = controller.bus
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/status")
+    async def status() -> dict[str, Any]:
+        return await status_view(controller)
+
+    @app.post("/activate", status_code=202)
+    async def activate() -> dict[str, Any]:
+        return await _force(activate=True)
+
+    @app.post("/deactivate", status_code=202)
+    async def deactivate() -> dict[str, Any]:
+        return await _force(activate=False)
+
+    async def _force(*, activate: bool) -> dict[str, Any]:
+        if not controller.core.hybrid_ids:
+            raise HTTPException(409, "no hybrid replicas are configured: enable "
+                                     "async_training.use_dynamic_resource_scheduling to have hybrids")
+        await controller.force(activate=activate)
+        when = "the next weight sync" if activate else "the start of the next trainer micro-step"
+        return {"pending_force": "activate" if activate else "deactivate", "applied_at": when,
+                "mode": controller.core.mode.value}
+
+    @app.get("/policy")
+    async def get_policy() -> dict[str, Any]:
+        return {**controller.core.policy.describe(), "registered": registered_policies()}
+
+    @app.put("/policy")
+    async def put_policy(update: PolicyUpdate) -> dict[str, Any]:
+        try:
+            apply_policy_update(controller, update)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        await controller.persist()
+        return controller.core.policy.describe()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        core = controller.core
+        exporter.update({"dynsched_controller_activations_total": float(core.activations),
+                         "dynsched_controller_deactivations_total": float(core.deactivations),
+                         "dynsched_controller_hybrid_active": float(core.mode.value == "hybrid_active"),
+                         "dynamic_resource/queue_size_now": float(
+                             await group_lag(bus.redis, bus.names.mq, TRAINER_GROUP))})
+        return Response(exporter.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def status_view(controller: Controller) -> dict[str, Any]:
+    bus = controller.bus
+    names = bus.names
+    replicas = {text(k): text(v) for k, v in (await bus.redis.hgetall(names.replica_states)).items()}
+    trainer = {text(k): text(v) for k, v in (await bus.redis.hgetall(names.trainer_state)).items()}
+    accounting = {text(k): int(v) for k, v in (await bus.redis.hgetall(names.accounting)).items()}
+    return {
+        **controller.core.describe(),
+        "replicas": {rid: {"state": v.split(":")[0], "version": int(v.split(":")[1])}
+                     for rid, v in sorted(replicas.items())},
+        "lb_members": [text(m) for m in await bus.redis.lrange(names.lb_members, 0, -1)],
+        "queue_size": await group_lag(bus.redis, names.mq, TRAINER_GROUP),
+        "trainer": {"global_steps": int(trainer.get("global_steps", 1)), "version": int(trainer.get("version", 0))},
+        "accounting": accounting,
+        "last_metrics": controller.last_metrics,
+    }
+
+
+def apply_policy_update(controller: Controller, update: PolicyUpdate) -> None:
+    """Switch policy (fresh state) and/or set its ratio; ValueError on an unknown name or bad ratio."""
+    core = controller.core
+    if update.name is not None and update.name != core.policy.policy_name:
+        if update.name not in registered_policies():
+            raise ValueError(f"unknown policy {update.name!r}; registered: {registered_policies()}")
+        ratio = update.deactivate_ratio
+        if ratio is None:
+            ratio = float(getattr(core.policy, "deactivate_ratio", 0.3))
+        core.policy = build_policy(update.name, deactivate_ratio=ratio, only_hybrid=core.ctx.only_hybrid)
+    elif update.deactivate_ratio is not None:
+        core.policy.set_deactivate_ratio(update.deactivate_ratio)

@@ -1,0 +1,141 @@
+"""The load balancer service: routes every generation attempt to one serving replica.
+
+Where it sits: between the rollouter and the rollout-workers. It reads
+GenerateRequests from `lb_requests`, picks a replica with the pure
+`core.routing.LoadBalancerState` (least in-flight, sticky LRU), forwards the
+request to that replica's stream; it reads GenerateResults from `lb_results`,
+releases the replica's slot and forwards the result to the rollouter. The
+controller adds/removes replicas and clears the sticky cache over
+`lb_commands`.
+
+Because results pass through here, in-flight counts are exact, not
+fire-and-forget. A request that arrives while the pool is empty (colocated
+mode between a deactivation and the next activation) waits here, unacked,
+and is routed as soon as a replica is added; no replica ever parks one.
+
+Clean stop: loops end; waiting requests stay unacked in the consumer group.
+Crash: everything unacked is replayed on restart; membership is reloaded
+from Redis (`lb_members`); in-flight counts restart from zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import deque
+
+from core.routing import LoadBalancerState, NoReplicaAvailable
+from shared.bus import Bus, Subscription, text
+from shared.names import LOADBALANCER_GROUP
+from shared.schema import Command, CommandAck, GenerateRequest, GenerateResult
+
+log = logging.getLogger(__name__)
+CONSUMER = "loadbalancer"
+FINISHED = ("stop", "length")
+
+
+class LoadBalancer:
+    def __init__(self, *, bus: Bus, initial_replica_ids: tuple[str, ...]) -> None:
+        self.bus = bus
+        self.initial_replica_ids = initial_replica_ids
+        self.state = LoadBalancerState()
+        self._waiting: deque[tuple[str, GenerateRequest]] = deque()
+        self.routing_latencies_s: deque[float] = deque(maxlen=10_000)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """1. load membership; 2. route requests, relay results and apply commands until `stop`."""
+        await self._load_members()
+        names = self.bus.names
+        requests = await self.bus.subscribe(names.lb_requests, LOADBALANCER_GROUP, CONSUMER)
+        results = await self.bus.subscribe(names.lb_results, LOADBALANCER_GROUP, CONSUMER)
+        commands = await self.bus.subscribe(names.lb_commands, LOADBALANCER_GROUP, CONSUMER)
+        loops = [self._route(requests, stop), self._relay(results, stop), self._serve_commands(commands, stop)]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for sub in (requests, results, commands):
+                await sub.close()
+
+    async def _load_members(self) -> None:
+        stored = [text(m) for m in await self.bus.redis.lrange(self.bus.names.lb_members, 0, -1)]
+        self.state.add_replicas(stored if stored else self.initial_replica_ids)
+        await self._save_members()
+        log.info("routing to %s", list(self.state.replica_ids))
+
+    async def _save_members(self) -> None:
+        key = self.bus.names.lb_members
+        async with self.bus.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            if self.state.replica_ids:
+                pipe.rpush(key, *self.state.replica_ids)
+            await pipe.execute()
+
+    async def _route(self, sub: Subscription, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for entry_id, message in await sub.read(count=256, block_ms=200):
+                if isinstance(message, GenerateRequest):
+                    self._waiting.append((entry_id, message))
+                else:
+                    await sub.ack(entry_id)
+            await self._dispatch_waiting(sub)
+
+    async def _dispatch_waiting(self, sub: Subscription) -> None:
+        routed: list[tuple[str, GenerateRequest]] = []
+        while self._waiting:
+            entry_id, request = self._waiting[0]
+            started = time.perf_counter()
+            try:
+                replica_id = self.state.acquire(request.request_id)
+            except NoReplicaAvailable:
+                break
+            self._waiting.popleft()
+            self.routing_latencies_s.append(time.perf_counter() - started)
+            routed.append((entry_id, dataclasses.replace(request, replica_id=replica_id)))
+        if routed:
+            await self.bus.publish_many([(self.bus.names.worker_requests(r.replica_id), r) for _, r in routed])
+            await sub.ack(*(entry_id for entry_id, _ in routed))
+
+    async def _relay(self, sub: Subscription, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batch = await sub.read(count=256, block_ms=200)
+            forward = []
+            for _, message in batch:
+                if isinstance(message, GenerateResult):
+                    self.state.release(message.replica_id)
+                    if message.finish_reason in FINISHED:
+                        self.state.forget(message.request_id)
+                    forward.append((self.bus.names.rollouter_results, message))
+            await self.bus.publish_many(forward)
+            await sub.ack(*(entry_id for entry_id, _ in batch))
+
+    async def _serve_commands(self, sub: Subscription, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for entry_id, message in await sub.read(count=16, block_ms=200):
+                if isinstance(message, Command):
+                    await self._apply(message)
+                await sub.ack(entry_id)
+
+    async def _apply(self, command: Command) -> None:
+        data: dict[str, object] = {}
+        if command.action == "add":
+            data["added"] = self.state.add_replicas(command.replica_ids)
+        elif command.action == "remove":
+            data["removed"] = self.state.remove_replicas(command.replica_ids)
+        elif command.action == "clear_sticky":
+            data["cleared"] = self.state.clear_sticky()
+        elif command.action != "inflight":
+            await self._ack(command, ok=False, error=f"unknown load-balancer action {command.action!r}")
+            return
+        if command.action in ("add", "remove"):
+            await self._save_members()
+            await self.bus.audit(kind="lb", subject=CONSUMER, detail=f"{command.action} {command.replica_ids}")
+        data.update(members=list(self.state.replica_ids), loads=self.state.loads(),
+                    total_inflight=self.state.total_inflight(), waiting=len(self._waiting))
+        await self._ack(command, ok=True, data=data)
+
+    async def _ack(self, command: Command, *, ok: bool, error: str = "", data: dict[str, object] | None = None) -> None:
+        ack = CommandAck(command_id=command.command_id, sender=CONSUMER, ok=ok, error=error, data=data or {})
+        await self.bus.publish(self.bus.names.controller_acks, ack)
+

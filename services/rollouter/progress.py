@@ -1,0 +1,105 @@
+"""Bookkeeping of the samples a rollouter is generating, and partial-rollout retries.
+
+Where it sits: inside the rollouter service, between the results it reads
+and the requests it sends. Pure (no I/O, no clock): `apply` turns one
+GenerateResult into the next action: nothing (stale duplicate), a retry
+request (aborted or rejected: continue from prompt + partial tokens with the
+remaining budget, same request id so the sticky route holds), or "trajectory
+done". Weight versions: min = version of the first attempt that produced
+tokens, max = version of the last one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.schema import GenerateRequest, GenerateResult, Trajectory
+
+FINISHED = ("stop", "length")
+RETRYABLE = ("abort", "rejected")
+
+
+@dataclass
+class TrajectoryProgress:
+    request_id: str
+    max_tokens: int
+    attempt: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    min_version: int | None = None
+    max_version: int | None = None
+    replica_ids: list[str] = field(default_factory=list)
+    generation_time_s: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+    def to_trajectory(self, *, reward: float) -> Trajectory:
+        return Trajectory(
+            request_id=self.request_id, response_token_ids=self.token_ids, response_logprobs=self.logprobs,
+            finish_reason=self.finish_reason, reward=reward,
+            min_version=self.min_version or 0, max_version=self.max_version or 0,
+            num_attempts=self.attempt % ATTEMPTS_PER_EPOCH + 1, replica_ids=self.replica_ids,
+            generation_time_s=self.generation_time_s,
+        )
+
+
+ATTEMPTS_PER_EPOCH = 1_000_000
+"""Attempt numbers are epoch * this + k, so results of a crashed rollouter's attempts are ignored."""
+
+
+@dataclass
+class SampleProgress:
+    sample_id: str
+    prompt_token_ids: list[int]
+    answer: str
+    trajectories: list[TrajectoryProgress]
+
+    @property
+    def done(self) -> bool:
+        return all(t.done for t in self.trajectories)
+
+    def first_requests(self) -> list[GenerateRequest]:
+        return [self._request(t) for t in self.trajectories]
+
+    def apply(self, result: GenerateResult, *, partial_rollout: bool) -> GenerateRequest | None:
+        """Fold one result in; returns the retry request to send, if any."""
+        index = int(result.request_id.rsplit("/", 1)[1])
+        traj = self.trajectories[index]
+        if traj.done or result.attempt != traj.attempt:
+            return None  # a duplicate or a late answer to an attempt we already retried
+        if result.token_ids:
+            traj.token_ids.extend(result.token_ids)
+            traj.logprobs.extend(result.logprobs)
+            traj.min_version = result.weight_version if traj.min_version is None else traj.min_version
+            traj.max_version = result.weight_version
+            traj.replica_ids.append(result.replica_id)
+        traj.generation_time_s += result.generation_time_s
+        remaining = traj.max_tokens - len(traj.token_ids)
+        if result.finish_reason in FINISHED or remaining <= 0:
+            traj.finish_reason = "length" if remaining <= 0 else result.finish_reason
+            return None
+        if result.finish_reason == "abort" and not partial_rollout:
+            traj.finish_reason = "abort"  # truncated, as the original without partial rollout
+            return None
+        if result.finish_reason not in RETRYABLE:
+            raise ValueError(f"unknown finish_reason {result.finish_reason!r} for {result.request_id}")
+        traj.attempt += 1
+        return self._request(traj)
+
+    def _request(self, traj: TrajectoryProgress) -> GenerateRequest:
+        return GenerateRequest(
+            request_id=traj.request_id, sample_id=self.sample_id,
+            prompt_token_ids=self.prompt_token_ids + traj.token_ids,
+            max_tokens=traj.max_tokens - len(traj.token_ids), attempt=traj.attempt,
+        )
+
+
+def new_sample(*, sample_id: str, prompt_token_ids: list[int], answer: str, n: int, max_tokens: int,
+               epoch: int) -> SampleProgress:
+    trajectories = [TrajectoryProgress(request_id=f"{sample_id}/{i}", max_tokens=max_tokens,
+                                       attempt=epoch * ATTEMPTS_PER_EPOCH) for i in range(n)]
+    return SampleProgress(sample_id=sample_id, prompt_token_ids=prompt_token_ids, answer=answer,
+                          trajectories=trajectories)
