@@ -1,0 +1,136 @@
+"""What one simulated run produced: summary, per-cycle metrics, time series, GPU lanes.
+
+Where it sits: ``sim.run`` fills a ``SimResult``; ``sim.cli`` prints it and
+writes JSON/JSONL, ``sim.plots`` draws it. Plain data only.
+
+GPU lanes: one lane per 8-GPU group (``gpus_per_replica``), in the seed
+figure's order: standalone rollout pool first, then the trainer GPUs (which
+host the hybrid replicas). A lane is in one of ``LANE_STATES`` at any time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+LANE_STATES = ("rollout", "train", "sync", "switch", "idle")
+
+
+class Timeline:
+    """State transitions per lane; ``set`` is a no-op when the state does not change."""
+
+    def __init__(self, lanes: list[str]) -> None:
+        self.lanes = list(lanes)
+        self.changes: dict[str, list[tuple[float, str]]] = {lane: [(0.0, "idle")] for lane in lanes}
+
+    def set(self, lane: str, state: str, now_s: float) -> None:
+        assert state in LANE_STATES, state
+        changes = self.changes[lane]
+        if changes[-1][1] == state:
+            return
+        if changes[-1][0] == now_s:
+            changes.pop()
+            if changes and changes[-1][1] == state:
+                return
+        changes.append((now_s, state))
+
+    def intervals(self, lane: str, end_s: float) -> list[tuple[float, float, str]]:
+        changes = self.changes[lane]
+        out = []
+        for (t0, state), (t1, _) in zip(changes, [*changes[1:], (end_s, "")], strict=False):
+            if t1 > t0:
+                out.append((t0, min(t1, end_s), state))
+        return out
+
+    def seconds_by_state(self, end_s: float) -> dict[str, float]:
+        """Lane-seconds per state summed over lanes (multiply by GPUs per lane for GPU-seconds)."""
+        totals = dict.fromkeys(LANE_STATES, 0.0)
+        for lane in self.lanes:
+            for t0, t1, state in self.intervals(lane, end_s):
+                totals[state] += t1 - t0
+        return totals
+
+
+@dataclass
+class SimResult:
+    scenario: str
+    policy: str
+    train_gpus: int
+    rollout_gpus: int
+    dynamic: bool
+    wall_s: float = 0.0
+    ideal_bound_s: float = 0.0
+    activations: int = 0
+    deactivations: int = 0
+    versions: int = 0
+    micro_steps: int = 0
+    samples: dict[str, int] = field(default_factory=dict)
+    """fed, generating, queued, trained, dropped (conservation: fed = the other four)."""
+    cycles: list[dict[str, float]] = field(default_factory=list)
+    """One record per sync cycle: section-4 metrics plus timings."""
+    mq_series: list[tuple[float, int]] = field(default_factory=list)
+    """(time, mq_size) right after each trainer micro-step."""
+    timeline: Timeline | None = None
+    gpus_per_lane: int = 8
+    tokens: dict[str, float] = field(default_factory=dict)
+    events_processed: int = 0
+    runtime_s: float = 0.0
+    """Host seconds the simulation took."""
+
+    @property
+    def label(self) -> str:
+        kind = self.policy if self.dynamic else "static"
+        return f"{self.train_gpus}-{self.rollout_gpus} {kind}"
+
+    @property
+    def bound_ratio(self) -> float:
+        return self.wall_s / self.ideal_bound_s if self.ideal_bound_s > 0 else float("nan")
+
+    def gpu_seconds_by_state(self) -> dict[str, float]:
+        if self.timeline is None:
+            return {}
+        lane_s = self.timeline.seconds_by_state(self.wall_s)
+        return {state: s * self.gpus_per_lane for state, s in lane_s.items()}
+
+    def busy_fraction(self) -> float:
+        """Share of all GPU-seconds spent generating or training (the physical utilization)."""
+        by_state = self.gpu_seconds_by_state()
+        total = sum(by_state.values())
+        return (by_state["rollout"] + by_state["train"]) / total if total > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        mq = [q for _, q in self.mq_series]
+        return {
+            "label": self.label,
+            "scenario": self.scenario,
+            "policy": self.policy if self.dynamic else "static",
+            "train_gpus": self.train_gpus,
+            "rollout_gpus": self.rollout_gpus,
+            "wall_s": round(self.wall_s, 1),
+            "wall_h": round(self.wall_s / 3600.0, 3),
+            "ideal_bound_h": round(self.ideal_bound_s / 3600.0, 3),
+            "ratio_to_bound": round(self.bound_ratio, 3),
+            "activations": self.activations,
+            "deactivations": self.deactivations,
+            "versions": self.versions,
+            "mean_mq_size": round(sum(mq) / len(mq), 2) if mq else 0.0,
+            "gpu_busy_fraction": round(self.busy_fraction(), 3),
+            "mean_resource_utilization": round(_mean(self.cycles, "dynamic_resource/resource_utilization"), 3),
+            "samples": dict(self.samples),
+            "events_processed": self.events_processed,
+            "runtime_s": round(self.runtime_s, 2),
+        }
+
+    def to_dict(self, *, with_series: bool = True) -> dict[str, Any]:
+        data = self.summary()
+        data["tokens"] = {k: round(v) for k, v in self.tokens.items()}
+        data["gpu_seconds_by_state"] = {k: round(v) for k, v in self.gpu_seconds_by_state().items()}
+        if with_series:
+            data["cycles"] = self.cycles
+            data["mq_series"] = [[round(t, 2), q] for t, q in self.mq_series]
+        return data
+
+
+def _mean(rows: list[dict[str, float]], key: str) -> float:
+    values = [row[key] for row in rows if key in row]
+    return sum(values) / len(values) if values else 0.0
