@@ -2,13 +2,13 @@
 
 Where it sits: ``sim.run`` fills one record per micro-step (timings in seconds,
 the rollouter's reset metrics on the sync micro-step) and closes a cycle at
-each sync. The formulas are section 4's; see ``_formulas`` for which module
-computes them.
+each sync. The formulas are ``core.metrics`` (the services' code), so a
+simulated metric means exactly what the live one means.
 """
 
 from __future__ import annotations
 
-from sim import _formulas as f
+from core import metrics as cm
 
 RECORD_KEYS = ("wait_for_enough_samples", "deactivate", "gen", "compute", "param_sync", "alloc", "step")
 
@@ -33,9 +33,9 @@ class CycleMetrics:
         records, self._records = self._records, []
         total = {key: sum(r.get(key, 0.0) for r in records) for key in RECORD_KEYS}
         last = records[-1]
-        u_train = f.train_utilization(total["compute"], total["alloc"])
+        u_train = cm.train_resource_utilization([r["compute"] for r in records], [r["alloc"] for r in records])
         u_rollout = last.get("dynamic_resource/rollout_resource_utilization", 0.0)
-        x = f.hybrid_rollout_fraction(total["wait_for_enough_samples"], total["step"]) if self.dynamic else 0.0
+        wait_s = total["wait_for_enough_samples"] if self.dynamic else 0.0
         out = {
             "version": float(version),
             "time_s": now_s,
@@ -44,18 +44,20 @@ class CycleMetrics:
             "dynamic_resource/train_allocated_time_s": total["alloc"],
             "dynamic_resource/train_resource_utilization": u_train,
             "dynamic_resource/rollout_resource_utilization": u_rollout,
-            "dynamic_resource/resource_utilization": f.cluster_utilization(
-                x=x, trainer_gpus=self.train_gpus, standalone_gpus=self.rollout_gpus,
-                train_util=u_train, rollout_util=u_rollout),
+            "dynamic_resource/resource_utilization": cm.cluster_resource_utilization(
+                u_train, u_rollout, wait_s, total["step"], num_trainer_gpus=self.train_gpus,
+                num_standalone_gpus=self.rollout_gpus),
             "timing_s/wait_for_enough_samples": total["wait_for_enough_samples"],
             "timing_s/step": total["step"],
             "timing_s/gen": total["gen"],
             "timing_s/param_sync": total["param_sync"],
             "timing_s/deactivate": total["deactivate"],
-            "fully_async/trainer/idle_ratio": total["gen"] / total["step"] if total["step"] > 0 else 0.0,
+            "fully_async/trainer/idle_ratio": cm.trainer_idle_ratio([r["gen"] for r in records],
+                                                                   [r["step"] for r in records]),
             "fully_async/rollouter/idle_ratio": last.get("fully_async/rollouter/idle_ratio", 0.0),
             "fully_async/rollouter/step_generated_samples": last.get(
                 "fully_async/rollouter/step_generated_samples", 0.0),
+            "sim/mq_peak": last.get("sim/mq_peak", 0.0),
             "dynamic_schedule/activated": last.get("activated", 0.0),
             "dynamic_schedule/deactivate_ratio": deactivate_ratio,
         }

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 
 from core.flow import FlowLimits, StalenessTracker
+from core.metrics import UtilizationHistory
 from core.routing import LoadBalancerState, NoReplicaAvailable
 from sim.engine import Engine
 from sim.model import Replica, Request, Sample, Workload
@@ -45,8 +46,10 @@ class SimRollouter:
         self._held: Sample | None = None
         self._next_index = 0
         self._monitor_armed = False
-        self.util_points: list[tuple[float, int, int]] = []
-        """(time, active samples, capacity) from the last reset on (section 4.2)."""
+        self.util = UtilizationHistory(t0=0.0)
+        """(time, active samples, capacity) since the last reset (section 4.2)."""
+        self.mq_peak = 0
+        """Largest queue size since the last reset."""
         self.fed = 0
         self.dropped = 0
         self.retries = 0
@@ -64,7 +67,7 @@ class SimRollouter:
         self.try_submit()
 
     def _note_util(self) -> None:
-        self.util_points.append((self.engine.now_s, self.active_samples, self.max_concurrent))
+        self.util.record(self.engine.now_s, self.active_samples, self.max_concurrent)
 
     # -- processor -------------------------------------------------------------
 
@@ -155,6 +158,7 @@ class SimRollouter:
         else:
             self.tracker.on_generated()
         self.mq.append(sample)
+        self.mq_peak = max(self.mq_peak, len(self.mq))
         self._note_util()
         self.mq_changed.fire()
         self.try_submit()
@@ -181,12 +185,12 @@ class SimRollouter:
         now = self.engine.now_s
         self.version = version
         self._end_idle()
-        self._note_util()
-        rollout_util = rollout_utilization(self.util_points, now)
+        rollout_util = self.util.close(now)
         report = self.tracker.reset(num_active=self.active_samples, queue_size=len(self.mq), now_s=now)
-        self.util_points = [(now, self.active_samples, self.max_concurrent)]
+        mq_peak, self.mq_peak = self.mq_peak, len(self.mq)
         self.try_submit()
         return {
+            "sim/mq_peak": float(mq_peak),
             "dynamic_resource/rollout_resource_utilization": rollout_util,
             "fully_async/rollouter/step_generated_samples": float(report.step_generated_samples),
             "fully_async/rollouter/idle_ratio": report.idle_ratio,
@@ -199,15 +203,3 @@ class SimRollouter:
         """Samples taken from the feed and not yet queued (in flight, or held for a slot)."""
         return self.active_samples + (self._held is not None)
 
-
-def rollout_utilization(points: list[tuple[float, int, int]], now_s: float) -> float:
-    """Section 4.2: sum dt*min(cap, active) / sum dt*cap over the window, cap=0 intervals skipped."""
-    num = den = 0.0
-    closed = [*points, (now_s, 0, 0)]
-    for (t0, active, cap), (t1, _, _) in zip(closed, closed[1:], strict=False):
-        dt = t1 - t0
-        if cap <= 0 or dt <= 0:
-            continue
-        num += dt * min(cap, active)
-        den += dt * cap
-    return num / den if den > 0 else 0.0
