@@ -1,0 +1,94 @@
+"""Planner: sweep train/rollout splits x policies and rank them by simulated wall time.
+
+Where it sits: ``sim.cli plan``. For each split (train GPUs in steps of the
+trainer unit, rollout GPUs in steps of a replica, total fixed by the scenario)
+it simulates plain fully-async (``static``) and every registered policy (user
+policies included, once their module is loaded), in parallel processes, and
+ranks the runs. The recommendation is the fastest run; a dynamic policy is
+only recommended over the best static split when it is faster by more than
+``min_gain`` (a small modelled gain is not worth a mode switch per step).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from policies import load_policy_module, registered_policies
+from sim.run import simulate
+from sim.scenario import Scenario
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRow:
+    train_gpus: int
+    rollout_gpus: int
+    policy: str
+    wall_h: float
+    bound_ratio: float
+    activations: int
+    mean_mq_size: float
+
+
+def splits(scenario: Scenario) -> list[tuple[int, int]]:
+    c = scenario.cluster
+    step = max(c.trainer_unit_gpus, c.gpus_per_replica)
+    out = []
+    for train in range(step, c.total_gpus + 1, step):
+        rollout = c.total_gpus - train
+        if train % c.gpus_per_replica == 0 and rollout % c.gpus_per_replica == 0:
+            out.append((train, rollout))
+    return out
+
+
+def _policies(policy_modules: tuple[str, ...]) -> list[str]:
+    for module in policy_modules:
+        load_policy_module(module)
+    names = sorted(registered_policies())
+    return ["static", *(n for n in names if n != "static_fully_async")]
+
+
+def _run_one(job: tuple[Scenario, int, int, str, tuple[str, ...]]) -> PlanRow:
+    scenario, train, rollout, policy, modules = job
+    for module in modules:  # worker processes need the user's registrations too
+        load_policy_module(module)
+    res = simulate(scenario.with_split(train, rollout).with_policy(policy))
+    mq = [q for _, q in res.mq_series]
+    return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, wall_h=res.wall_s / 3600.0,
+                   bound_ratio=res.bound_ratio, activations=res.activations,
+                   mean_mq_size=sum(mq) / len(mq) if mq else 0.0)
+
+
+def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: int | None = None) -> list[PlanRow]:
+    """Every (split, policy) run, fastest first. Splits with no rollout GPUs only run dynamic policies."""
+    jobs = []
+    for train, rollout in splits(scenario):
+        for policy in _policies(policy_modules):
+            if rollout == 0 and policy == "static":
+                continue
+            jobs.append((scenario, train, rollout, policy, policy_modules))
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        rows = [_run_one(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = list(pool.map(_run_one, jobs))
+    return sorted(rows, key=lambda r: r.wall_h)
+
+
+def recommend(rows: list[PlanRow], *, min_gain: float = 0.02) -> PlanRow:
+    best = rows[0]
+    static = [r for r in rows if r.policy == "static"]
+    if best.policy != "static" and static and best.wall_h > static[0].wall_h * (1 - min_gain):
+        return static[0]
+    return best
+
+
+def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
+    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'wall h':>7} {'x bound':>7} {'activ.':>6} {'mean mq':>7}"]
+    for i, r in enumerate(rows, 1):
+        mark = "  <- recommended" if r == recommended else ""
+        lines.append(f"{i:>4}  {r.train_gpus:>4}:{r.rollout_gpus:<4}  {r.policy:<20} {r.wall_h:>7.3f} "
+                     f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f}{mark}")
+    return "\n".join(lines)
