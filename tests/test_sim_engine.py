@@ -14,8 +14,8 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def make_replica(engine: Engine, finished: list[tuple[float, str]], **overrides: float) -> Replica:
-    cfg = ReplicaConfig(**{"decode_step_s": 0.01, "batch_half_requests": 1e12, "prefill_tokens_per_s": 1e12,
-                           **overrides})
+    cfg = ReplicaConfig(decode_step_s=0.01, batch_half_requests=overrides.get("batch_half_requests", 1e12),
+                        prefill_tokens_per_s=1e12)
     return Replica(engine, cfg, replica_id="r0", hybrid=False,
                    on_finish=lambda rep, req: finished.append((engine.now_s, req.request_id)),
                    on_busy=lambda rep, busy: None)
