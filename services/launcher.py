@@ -76,7 +76,7 @@ def redis_executable() -> str:
 
 
 class EmbeddedRedis:
-    """A private `redis-server` on 127.0.0.1: no RDB, no AOF, data dir in a temp folder."""
+    """A private `redis-server` on 127.0.0.1 (own session: Ctrl-C is the launcher's), no RDB/AOF, temp dir."""
 
     def __init__(self, *, log_path: Path, executable: str | None = None) -> None:
         self.log_path = log_path
@@ -95,7 +95,7 @@ class EmbeddedRedis:
             self.proc = subprocess.Popen(
                 [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                  "--appendonly", "no", "--dir", self._workdir, "--logfile", str(self.log_path)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             if self._wait_ready():
                 self.url = f"redis://127.0.0.1:{self.port}/0"
                 log.info("embedded redis on %s (%s)", self.url, self.executable)

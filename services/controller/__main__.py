@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> None:
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         controller = Controller(bus=bus, config=config)
         exporter = PrometheusExporter()
-        controller.on_metrics.append(exporter.update)
         sock = socket.socket()
         sock.bind(("0.0.0.0", config.run.admin_port))
         host, port = "127.0.0.1", sock.getsockname()[1]

@@ -53,6 +53,7 @@ class PrometheusExporter:
 def build_app(controller: Controller, exporter: PrometheusExporter) -> FastAPI:
     app = FastAPI(title="dynsched controller", version="0.1.0")
     bus = controller.bus
+    controller.on_metrics.append(exporter.update)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:

@@ -23,8 +23,6 @@ from shared.streams import group_lag
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
-REBALANCE_DRAIN_TIMEOUT_S = 30.0
-"""The original's rebalance drain bound."""
 
 
 @dataclass
@@ -113,16 +111,16 @@ class Executor:
             await asyncio.sleep(POLL_S)
 
     async def rebalance(self) -> None:
-        """Clear sticky sessions, abort every serving replica, wait for in-flight to drain, resume all,
-        so retried requests spread least-loaded onto the newly added (empty) hybrids."""
+        """Clear sticky sessions, abort every serving replica, resume them all, so the retried
+        requests spread least-loaded onto the newly added (empty) hybrids.
+
+        No drain poll between abort and resume (the original polls in-flight == 0 for up to
+        30 s to cover its fire-and-forget release; retries re-acquiring meanwhile can make that
+        poll spin to the timeout, reference 2.4). Here results pass through the load balancer,
+        which releases the slot before the rollouter can see the result and retry, so its
+        counts are exact when the retries arrive."""
         names = self.bus.names
         serving = self.standalone_ids + self.serving_hybrids
         await self.rpc.call(names.lb_commands, "clear_sticky")
         await self._workers(serving, "abort")
-        deadline = time.monotonic() + REBALANCE_DRAIN_TIMEOUT_S
-        while time.monotonic() < deadline:
-            ack = await self.rpc.call(names.lb_commands, "inflight")
-            if int(ack.data.get("total_inflight", 0)) == 0:
-                break
-            await asyncio.sleep(POLL_S)
         await self._workers(serving, "resume")

@@ -73,6 +73,7 @@ class Controller:
         """1. restore the core; 2. handle trainer events one at a time until `stop` or the run is done."""
         await self._restore()
         await self.rpc.start()
+        await self._announce_capacity()
         events = await self.bus.subscribe(self.bus.names.trainer_events, CONTROLLER_GROUP, CONSUMER)
         try:
             while not stop.is_set():
@@ -94,6 +95,11 @@ class Controller:
         self.last_event = saved.get("last_event", {})
         self.executor.serving_hybrids = self.core.hybrid_ids if self.core.mode is Mode.HYBRID_ACTIVE else ()
         log.info("restored controller: mode=%s last_event=%s", self.core.mode, self.last_event)
+
+    async def _announce_capacity(self) -> None:
+        """Tell the rollouter how many replicas serve right now (standalones, plus hybrids if active)."""
+        serving = len(self.core.standalone_ids) + len(self.executor.serving_hybrids)
+        await self.rpc.call(self.bus.names.rollouter_commands, "set_active_replicas", value=serving)
 
     async def persist(self) -> None:
         state = {"core": self.core.snapshot(), "last_event": self.last_event}

@@ -26,7 +26,7 @@ import time
 
 from core.replica import IllegalReplicaTransition, ReplicaState, transition
 from services.rollout_worker.engine import Engine
-from shared.bus import Bus
+from shared.bus import Bus, Subscription
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP
 from shared.schema import Command, CommandAck, GenerateRequest, GenerateResult
 
@@ -63,20 +63,26 @@ class RolloutWorker:
     async def _serve_requests(self, stop: asyncio.Event) -> None:
         names = self.bus.names
         sub = await self.bus.subscribe(names.worker_requests(self.replica_id), WORKER_GROUP, self.replica_id)
-        while not stop.is_set():
-            for entry_id, message in await sub.read(count=256, block_ms=200):
-                if not isinstance(message, GenerateRequest):
-                    log.error("%s: ignoring %s on request stream", self.replica_id, type(message).__name__)
-                    await sub.ack(entry_id)
-                elif self.state is not ReplicaState.SERVING:
-                    await self._send_result(message, token_ids=[], logprobs=[], finish_reason="rejected")
-                    await sub.ack(entry_id)
-                else:
-                    task = asyncio.create_task(self._generate(message, entry_id, sub))
-                    self._inflight.add(task)
-                    task.add_done_callback(self._inflight.discard)
+        try:
+            while not stop.is_set():
+                for entry_id, message in await sub.read(count=256, block_ms=200):
+                    await self._take(entry_id, message, sub)
+        finally:
+            await sub.close()
 
-    async def _generate(self, request: GenerateRequest, entry_id: str, sub: object) -> None:
+    async def _take(self, entry_id: str, message: object, sub: Subscription) -> None:
+        if not isinstance(message, GenerateRequest):
+            log.error("%s: ignoring %s on request stream", self.replica_id, type(message).__name__)
+            await sub.ack(entry_id)
+        elif self.state is not ReplicaState.SERVING:
+            await self._send_result(message, token_ids=[], logprobs=[], finish_reason="rejected")
+            await sub.ack(entry_id)
+        else:
+            task = asyncio.create_task(self._generate(message, entry_id, sub))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _generate(self, request: GenerateRequest, entry_id: str, sub: Subscription) -> None:
         version = self.version
         started = time.monotonic()
         output = await self.engine.generate(
@@ -85,7 +91,7 @@ class RolloutWorker:
         await self._send_result(request, token_ids=output.token_ids, logprobs=output.logprobs,
                                 finish_reason=output.finish_reason, version=version,
                                 generation_time_s=time.monotonic() - started)
-        await sub.ack(entry_id)  # type: ignore[attr-defined]
+        await sub.ack(entry_id)
 
     async def _send_result(self, request: GenerateRequest, *, token_ids: list[int], logprobs: list[float],
                            finish_reason: str, version: int | None = None, generation_time_s: float = 0.0) -> None:
@@ -100,11 +106,14 @@ class RolloutWorker:
     async def _serve_commands(self, stop: asyncio.Event) -> None:
         names = self.bus.names
         sub = await self.bus.subscribe(names.worker_commands(self.replica_id), WORKER_GROUP, self.replica_id)
-        while not stop.is_set():
-            for entry_id, message in await sub.read(count=16, block_ms=200):
-                if isinstance(message, Command):
-                    await self._apply(message)
-                await sub.ack(entry_id)
+        try:
+            while not stop.is_set():
+                for entry_id, message in await sub.read(count=16, block_ms=200):
+                    if isinstance(message, Command):
+                        await self._apply(message)
+                    await sub.ack(entry_id)
+        finally:
+            await sub.close()
 
     async def _apply(self, command: Command) -> None:
         started = time.monotonic()

@@ -87,6 +87,7 @@ class Rollouter:
         self.tracker.total_generated = int(state.get("total_generated", 0))
         self.tracker.completed_steps = int(state.get("completed_steps", 1))
         self.version = int(state.get("version", 0))
+        self._set_replicas(int(state.get("num_replicas", 0)))
         orphans = [text(sid) for sid, s in (await self.bus.redis.hgetall(names.sample_states)).items()
                    if text(s) == "generating"]
         for sample_id in sorted(orphans):
@@ -101,14 +102,16 @@ class Rollouter:
         slot; 3. take the next prompt and send its n requests."""
         total = self.config.data.total_rollout_steps
         while not stop.is_set() and self.fed < total:
+            was_paused = self.tracker.paused
             if self.tracker.check_pause(await self._mq_size()) or len(self.active) >= self.max_concurrent:
+                if self.tracker.paused != was_paused:
+                    await self._publish_status()
                 await self._wait_for_change(stop)
                 continue
             sample_id = f"sample_0_{self.fed}"
             self.fed += 1
             self.tracker.on_submit()
             await self._submit(self._new_progress(sample_id), record_feed=True)
-        await self.bus.redis.hset(self.bus.names.rollouter_state, "feed_done", 1)
 
     def _new_progress(self, sample_id: str) -> SampleProgress:
         prompt, answer = self.prompts.prompt_at(int(sample_id.rsplit("_", 1)[1]))
@@ -128,6 +131,7 @@ class Rollouter:
                 pipe.xadd(names.lb_requests, encode(request))
             await pipe.execute()
         self.history.record(time.time(), len(self.active), self.max_concurrent)
+        await self._publish_status()
 
     # -- results -------------------------------------------------------------------
 
@@ -174,6 +178,7 @@ class Rollouter:
         del self.active[progress.sample_id]
         self.tracker.on_generated()
         self.history.record(time.time(), len(self.active), self.max_concurrent)
+        await self._publish_status()
         self._changed.set()
 
     # -- commands from the controller ------------------------------------------------
@@ -188,11 +193,9 @@ class Rollouter:
     async def _apply(self, command: Command) -> None:
         data: dict[str, float] = {}
         if command.action == "set_active_replicas":
-            self.num_replicas = command.value
-            self.max_concurrent = self.limits.max_concurrent(
-                command.value, self.config.async_training.concurrent_samples_per_replica)
-            self.history.set_initial_capacity(self.max_concurrent)
-            self.history.record(time.time(), len(self.active), self.max_concurrent)
+            self._set_replicas(command.value)
+            await self.bus.redis.hset(self.bus.names.rollouter_state, "num_replicas", command.value)
+            await self._publish_status(await self._mq_size())
             data["max_concurrent_samples"] = self.max_concurrent
         elif command.action == "reset_staleness":
             data = await self._reset_staleness(command.version)
@@ -202,9 +205,20 @@ class Rollouter:
         self._changed.set()
         await self._ack(command, ok=True, data=data)
 
+    def _set_replicas(self, num_replicas: int) -> None:
+        """max_concurrent_samples is recomputed, and recorded in the utilization history, on every change."""
+        self.num_replicas = num_replicas
+        self.max_concurrent = self.limits.max_concurrent(
+            num_replicas, self.config.async_training.concurrent_samples_per_replica)
+        if self.max_concurrent:
+            self.history.set_initial_capacity(self.max_concurrent)
+        self.history.record(time.time(), len(self.active), self.max_concurrent)
+
     async def _reset_staleness(self, version: int) -> dict[str, float]:
         now = time.time()
-        report = self.tracker.reset(num_active=len(self.active), queue_size=await self._mq_size(), now_s=now)
+        mq_size = await self._mq_size()
+        report = self.tracker.reset(num_active=len(self.active), queue_size=mq_size, now_s=now)
+        await self._publish_status(mq_size)
         utilization = self.history.close(now)
         self.history.record(now, len(self.active), self.max_concurrent)
         self.version = version
@@ -236,11 +250,18 @@ class Rollouter:
                 self._changed.set()
             elif self.tracker.paused and not self.active:
                 self.tracker.on_idle_start(now)
-            await self.bus.redis.hset(self.bus.names.rollouter_state, mapping={
-                "paused": int(self.tracker.paused), "active_tasks": len(self.active), "mq_size": mq_size,
-                "max_concurrent_samples": self.max_concurrent,
-                "staleness_samples": self.tracker.staleness_samples})
+            await self._publish_status(mq_size)
             await sleep_unless(stop, MONITOR_INTERVAL_S)
+
+    async def _publish_status(self, mq_size: int | None = None) -> None:
+        """Snapshot for the controller (its wait for samples ends early if we are blocked) and humans.
+        Written after every change of the active set, pause flag or feed, so it is never stale."""
+        status = {"paused": int(self.tracker.paused), "active_tasks": len(self.active),
+                  "feed_done": int(self.fed >= self.config.data.total_rollout_steps),
+                  "max_concurrent_samples": self.max_concurrent, "staleness_samples": self.tracker.staleness_samples}
+        if mq_size is not None:
+            status["mq_size"] = mq_size
+        await self.bus.redis.hset(self.bus.names.rollouter_state, mapping=status)
 
     async def _mq_size(self) -> int:
         return await group_lag(self.bus.redis, self.bus.names.mq, TRAINER_GROUP)

@@ -118,7 +118,9 @@ class Trainer:
         await self.bus.publish(names.trainer_events, TrainerEvent(
             phase="collected", global_steps=gs, version=self.version,
             data={"wait_time_s": gen_s, "wait_samples": wait_samples}))
+        await self.bus.audit(kind="phase", subject="trainer", detail=f"train_start {gs}", version=self.version)
         timings = await asyncio.to_thread(self.backend.train_micro_step, samples)
+        await self.bus.audit(kind="phase", subject="trainer", detail=f"train_end {gs}", version=self.version)
         await self._mark_trained(mq, entry_ids, samples)
         mq_size = await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
         metrics = self._sample_metrics(samples)

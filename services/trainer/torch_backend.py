@@ -1,0 +1,294 @@
+"""Real trainer backend: GRPO on the tiny Llama, behind TrainerBackend (docs/contracts.md).
+
+Where it sits: the `torch` backend of the trainer service. Each micro-step gets the samples
+the trainer popped from the MessageQueue (a prompt with its n scored trajectories each) and
+does, timed under the original's keys:
+
+1. `timing_s/reward`: gather the rewards the rollouter computed.
+2. `timing_s/adv`: GRPO advantages, normalised within each prompt's group:
+   A_i = (r_i - mean(r)) / (std(r) + eps), std unbiased as in verl; a group of one or with all
+   rewards equal gets A = 0 (no baseline, no signal).
+3. `timing_s/update_actor`: one AdamW step on the token-level clipped surrogate
+   -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A), token-mean, where
+   ratio = exp(logp_theta - logp_rollout). Bypass mode: the rollout logprobs *are* the
+   behaviour policy (old_log_prob is not recomputed, `timing_s/old_log_prob` is absent), so a
+   trajectory stitched from several weight versions (partial rollout) or generated a few
+   versions ago (staleness) is corrected token by token. Gradients are clipped by norm.
+
+`export_weights(v)` publishes the params under their Hugging Face names through
+`shared/weights.py`, so vLLM's `reload_weights` loads them. Checkpoints are indexed by param
+version (model + optimizer + version) and `resume_latest()` restores the newest.
+`release_gpu()`/`acquire_gpu()` move params, grads and optimizer state off and back on CUDA
+so co-located hybrid replicas can use the memory; on CPU they only log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from rl.model import load_pretrained, pack_batch, token_logprobs
+from shared import weights
+
+log = logging.getLogger(__name__)
+
+_CKPT_RE = re.compile(r"^ckpt_v(\d{6,})\.pt$")
+
+
+class TrajectoryLike(Protocol):
+    """What the trainer reads of a trajectory (shared.schema.Trajectory has these fields)."""
+
+    @property
+    def response_token_ids(self) -> Sequence[int]: ...
+    @property
+    def response_logprobs(self) -> Sequence[float]: ...
+    @property
+    def reward(self) -> float: ...
+
+
+class SampleLike(Protocol):
+    """What the trainer reads of a sample (shared.schema.Sample has these fields)."""
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+    @property
+    def trajectories(self) -> Sequence[TrajectoryLike]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class GRPOConfig:
+    """Trainer hyper-parameters and where it reads and writes."""
+
+    model_path: str
+    """Starting model directory (HF layout); its config/tokenizer files ride along on export."""
+    weights_root: str
+    """Root of the filesystem weight transport the rollout workers read."""
+    checkpoint_dir: str
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    """DAPO's clip-higher: a wider upper bound keeps low-probability tokens learnable."""
+    max_grad_norm: float = 1.0
+    adv_eps: float = 1e-6
+    keep_weight_versions: int = 3
+    keep_checkpoints: int = 2
+    device: str = "auto"
+    """'auto' picks cuda when available, else cpu."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not (0 <= self.clip_ratio_low < 1 and self.clip_ratio_high >= 0):
+            raise ValueError(f"bad clip ratios {self.clip_ratio_low}, {self.clip_ratio_high}")
+        if self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+
+
+def group_advantages(rewards: Sequence[float], *, eps: float = 1e-6) -> list[float]:
+    """GRPO advantages of one prompt's group (unbiased std; singleton or all-equal -> zeros)."""
+    if len(rewards) < 2:
+        return [0.0] * len(rewards)
+    r = torch.tensor(rewards, dtype=torch.float64)
+    centred = r - r.mean()
+    if bool((centred.abs() < 1e-12).all()):
+        return [0.0] * len(rewards)
+    return (centred / (r.std(unbiased=True) + eps)).tolist()
+
+
+def clipped_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-mean PPO-clip loss and the fraction of tokens where the clip is active."""
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    denom = mask.sum().clamp(min=1.0)
+    loss = (per_token * mask).sum() / denom
+    clip_frac = ((clipped > unclipped).float() * mask).sum() / denom
+    return loss, clip_frac
+
+
+class TorchGRPOTrainer:
+    """GRPO trainer on one device. Not thread-safe."""
+
+    def __init__(self, config: GRPOConfig) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        if config.device == "auto":
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        else:
+            self.device = torch.device(config.device)
+        self.model = load_pretrained(config.model_path).to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
+        self.version = 0
+        self.on_gpu = self.device.type == "cuda"
+
+    # -- TrainerBackend ---------------------------------------------------------------
+
+    def train_micro_step(self, samples: Sequence[SampleLike]) -> dict[str, float]:
+        """One GRPO update on `samples`; returns timing_s/* and stats."""
+        if not samples:
+            raise ValueError("train_micro_step needs at least one sample")
+        assert self.on_gpu or self.device.type != "cuda", "train_micro_step while GPU released"
+        t0 = time.monotonic()
+        rewards = [[float(t.reward) for t in s.trajectories] for s in samples]
+        t1 = time.monotonic()
+        advantages = [group_advantages(group, eps=self.config.adv_eps) for group in rewards]
+        t2 = time.monotonic()
+        stats = self._update(samples, advantages)
+        t3 = time.monotonic()
+        flat = [r for group in rewards for r in group]
+        return {
+            "timing_s/reward": t1 - t0,
+            "timing_s/adv": t2 - t1,
+            "timing_s/update_actor": t3 - t2,
+            "reward/mean": sum(flat) / len(flat),
+            **stats,
+        }
+
+    def _update(self, samples: Sequence[SampleLike], advantages: list[list[float]]) -> dict[str, float]:
+        prompts: list[list[int]] = []
+        responses: list[list[int]] = []
+        old: list[list[float]] = []
+        advs: list[float] = []
+        for sample, group_adv in zip(samples, advantages, strict=True):
+            for traj, adv in zip(sample.trajectories, group_adv, strict=True):
+                if len(traj.response_token_ids) != len(traj.response_logprobs):
+                    raise ValueError(
+                        f"{len(traj.response_token_ids)} tokens but {len(traj.response_logprobs)} logprobs"
+                    )
+                if not traj.response_token_ids:
+                    continue
+                prompts.append(list(sample.prompt_token_ids))
+                responses.append(list(traj.response_token_ids))
+                old.append(list(traj.response_logprobs))
+                advs.append(adv)
+        if not responses:
+            return {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "num_tokens": 0.0}
+        ids, targets, mask = pack_batch(prompts, responses)
+        old_logp = torch.zeros_like(mask)
+        for row, (p, lps) in enumerate(zip(prompts, old, strict=True)):
+            old_logp[row, len(p) - 1 : len(p) - 1 + len(lps)] = torch.tensor(lps)
+        adv = torch.tensor(advs, dtype=torch.float32)[:, None].expand_as(mask)
+        ids, targets, mask, old_logp, adv = (x.to(self.device) for x in (ids, targets, mask, old_logp, adv))
+
+        logp = token_logprobs(self.model, ids, targets)
+        loss, clip_frac = clipped_surrogate(
+            logp,
+            old_logp,
+            adv,
+            mask,
+            clip_low=self.config.clip_ratio_low,
+            clip_high=self.config.clip_ratio_high,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        with torch.no_grad():
+            log_ratio = ((logp - old_logp) * mask).sum() / mask.sum()
+        return {
+            "loss": loss.item(),
+            "grad_norm": float(grad_norm),
+            "clip_frac": clip_frac.item(),
+            "num_tokens": float(mask.sum()),
+            "log_ratio/mean": log_ratio.item(),
+        }
+
+    def export_weights(self, version: int) -> str | None:
+        """Publish the current params as weights `version`; returns the version directory."""
+        state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+        path = weights.publish(self.config.weights_root, version, state, extra_files=self.config.model_path)
+        weights.gc(self.config.weights_root, keep=self.config.keep_weight_versions)
+        self.version = version
+        return str(path)
+
+    def release_gpu(self) -> None:
+        """Move params, grads and optimizer state to CPU and free the CUDA cache."""
+        if self.device.type != "cuda":
+            log.info("release_gpu: trainer runs on %s, nothing to offload", self.device)
+            return
+        t0 = time.monotonic()
+        self._move_to(torch.device("cpu"))
+        torch.cuda.empty_cache()
+        self.on_gpu = False
+        log.info("release_gpu: offloaded in %.2fs", time.monotonic() - t0)
+
+    def acquire_gpu(self) -> None:
+        if self.device.type != "cuda":
+            log.info("acquire_gpu: trainer runs on %s, nothing to reload", self.device)
+            return
+        t0 = time.monotonic()
+        self._move_to(self.device)
+        self.on_gpu = True
+        log.info("acquire_gpu: reloaded in %.2fs", time.monotonic() - t0)
+
+    def _move_to(self, device: torch.device) -> None:
+        self.model.to(device)  # Module.to moves .grad along with each parameter
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(device, non_blocking=True)
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def save_checkpoint(self, version: int) -> Path:
+        """Write model + optimizer + version atomically as `ckpt_v{version:06d}.pt`."""
+        out = Path(self.config.checkpoint_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        final = out / f"ckpt_v{version:06d}.pt"
+        tmp = out / f".{final.name}.tmp-{os.getpid()}"
+        payload: dict[str, Any] = {
+            "version": version,
+            "model": {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+        }
+        torch.save(payload, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        self.version = version
+        for old in self.checkpoint_versions()[: -self.config.keep_checkpoints]:
+            (out / f"ckpt_v{old:06d}.pt").unlink(missing_ok=True)
+        return final
+
+    def checkpoint_versions(self) -> list[int]:
+        out = Path(self.config.checkpoint_dir)
+        if not out.is_dir():
+            return []
+        found = (_CKPT_RE.match(p.name) for p in out.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def resume_latest(self) -> int | None:
+        """Restore the newest checkpoint; returns its version, or None if there is none."""
+        present = self.checkpoint_versions()
+        if not present:
+            return None
+        path = Path(self.config.checkpoint_dir) / f"ckpt_v{present[-1]:06d}.pt"
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(payload["model"])
+        self.model.to(self.device)
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.version = int(payload["version"])
+        log.info("resumed trainer from %s (version %d)", path, self.version)
+        return self.version

@@ -1,0 +1,121 @@
+"""Test harness: the whole service stack in one event loop, against a real Redis.
+
+Every service gets its own Redis client and talks to the others only over
+streams, exactly as in separate processes; this just saves the process
+start-up time per test. (Separate processes are exercised by the launcher
+and controller-restart tests.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from core.replica import ReplicaState
+from services.controller.service import Controller
+from services.loadbalancer.service import LoadBalancer
+from services.rollouter.prompts import build_prompt_source
+from services.rollouter.service import Rollouter
+from services.rollout_worker.sim_engine import SimEngine
+from services.rollout_worker.worker import RolloutWorker
+from services.trainer.service import Trainer
+from services.trainer.sim_backend import SimTrainer
+from shared.bus import Bus, text
+from shared.config import Config, config_from_dict
+from shared.names import Names
+from shared.schema import AuditEvent, Sample, decode
+from shared.streams import connect
+
+
+def sim_config(**overrides: Any) -> Config:
+    """A small, fast sim run; `overrides` are section dicts merged over the defaults."""
+    base: dict[str, dict[str, Any]] = {
+        "run": {"time_scale": 0.005, "seed": 0, "namespace": "test"},
+        "data": {"total_rollout_steps": 64, "n": 2, "max_response_length": 512, "prompt_length": 16},
+        "trainer": {"ppo_mini_batch_size": 4, "num_gpus": 2, "time_per_sample_s": 4.0, "offload_s": 1.0},
+        "async_training": {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 2,
+                           "use_dynamic_resource_scheduling": True, "dynamic_schedule_deactivate_ratio": 0.5,
+                           "concurrent_samples_per_replica": 4},
+        "rollout": {"nnodes": 1, "n_gpus_per_node": 2, "tensor_model_parallel_size": 1, "retry_delay_s": 1.0},
+    }
+    for section, values in overrides.items():
+        base.setdefault(section, {}).update(values)
+    return config_from_dict(base)
+
+
+class Stack:
+    def __init__(self, config: Config, redis_url: str) -> None:
+        self.config = config
+        self.redis_url = redis_url
+        self.names = Names(config.run.namespace)
+        self.stop = asyncio.Event()
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.buses: list[Bus] = []
+        self.controller: Controller | None = None
+
+    def bus(self) -> Bus:
+        bus = Bus(connect(self.redis_url), self.names)
+        self.buses.append(bus)
+        return bus
+
+    async def start(self, *, without: tuple[str, ...] = ()) -> None:
+        config = self.config
+        if "controller" not in without:
+            self.start_controller()
+        services: dict[str, Callable[[], Any]] = {
+            "loadbalancer": lambda: LoadBalancer(bus=self.bus(), initial_replica_ids=config.standalone_ids),
+            "rollouter": lambda: Rollouter(bus=self.bus(), config=config, prompts=build_prompt_source(config)),
+            "trainer": lambda: Trainer(bus=self.bus(), config=config, backend=SimTrainer(config)),
+        }
+        for name, build in services.items():
+            if name not in without:
+                self.tasks[name] = asyncio.create_task(build().run(self.stop))
+        for replica_id in config.standalone_ids + config.hybrid_ids:
+            engine = SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,
+                               prompt_length=config.data.prompt_length, seed=config.run.seed)
+            await engine.start()
+            initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
+            worker = RolloutWorker(bus=self.bus(), replica_id=replica_id, engine=engine, initial_state=initial)
+            self.tasks[replica_id] = asyncio.create_task(worker.run(self.stop))
+
+    def start_controller(self) -> Controller:
+        self.controller = Controller(bus=self.bus(), config=self.config)
+        self.tasks["controller"] = asyncio.create_task(self.controller.run(self.stop))
+        return self.controller
+
+    async def wait_done(self, timeout_s: float = 60.0) -> None:
+        redis = self.buses[0].redis
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name, task in self.tasks.items():
+                if task.done() and task.exception():
+                    raise RuntimeError(f"{name} crashed") from task.exception()
+            if text(await redis.hget(self.names.run_state, "status") or b"") == "done":
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"run not done after {timeout_s} s; trainer at "
+                           f"{await redis.hgetall(self.names.trainer_state)}")
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait(list(self.tasks.values()), timeout=10)
+        for bus in self.buses:
+            await bus.redis.aclose()
+
+    # -- reading what happened ---------------------------------------------------------
+
+    async def audit(self) -> list[AuditEvent]:
+        entries = await self.buses[0].redis.xrange(self.names.audit)
+        return [e for e in (decode(fields) for _, fields in entries) if isinstance(e, AuditEvent)]
+
+    async def samples(self) -> list[Sample]:
+        entries = await self.buses[0].redis.xrange(self.names.mq)
+        return [s for s in (decode(fields) for _, fields in entries) if isinstance(s, Sample)]
+
+    async def accounting(self) -> dict[str, int]:
+        raw = await self.buses[0].redis.hgetall(self.names.accounting)
+        counts = {text(k): int(v) for k, v in raw.items()}
+        accounted = sum(counts.get(k, 0) for k in ("generating", "queued", "trained", "dropped"))
+        return {**counts, "lost": counts.get("fed", 0) - accounted}

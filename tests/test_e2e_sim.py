@@ -1,0 +1,158 @@
+"""End-to-end runs of the whole stack (sim engines, real Redis), checked from the recorded
+audit stream, the MessageQueue stream and the accounting hash."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from services.controller.admin import PrometheusExporter, build_app
+from shared.schema import AuditEvent
+from tests.stack import Stack, sim_config
+
+pytestmark = pytest.mark.e2e
+
+
+def commands(events: list[AuditEvent]) -> list[tuple[str, str]]:
+    """(command kind, replica group) in execution order; group is 'hybrid', 'standalone' or ''."""
+    out = []
+    for event in events:
+        if event.kind == "command":
+            kind = event.detail.split()[0]
+            group = "hybrid" if "hybrid" in event.detail else "standalone" if "standalone" in event.detail else ""
+            out.append((kind, group))
+    return out
+
+
+def sync_cycles(events: list[AuditEvent]) -> list[list[tuple[str, str]]]:
+    """The command lists of each weight sync (each ends with reset_staleness)."""
+    cycles, current = [], []
+    for kind, group in commands(events):
+        current.append((kind, group))
+        if kind == "reset_staleness":
+            cycles.append([c for c in current if c[0] in ("sync_weights", "wake_replicas", "add_replicas",
+                                                             "resume_replicas", "rebalance", "reset_staleness")])
+            current = []
+    return cycles
+
+
+async def run_stack(redis_url: str, **overrides: object) -> Stack:
+    stack = Stack(sim_config(**overrides), redis_url)  # type: ignore[arg-type]
+    await stack.start()
+    try:
+        await stack.wait_done(timeout_s=90)
+    finally:
+        await stack.close()
+    return stack
+
+
+async def test_a_dynamic_run_trains_every_fed_sample_and_loses_none(redis_server):
+    stack = await run_stack(redis_server.url)
+    counts = await stack.accounting()
+    assert counts["fed"] == 64
+    assert counts["trained"] == 64
+    assert counts["lost"] == 0
+    assert counts.get("generating", 0) == 0
+
+
+async def test_hybrids_are_removed_aborted_and_slept_in_that_order_before_training_after_every_activation(
+        redis_server):
+    stack = await run_stack(redis_server.url)
+    events = await stack.audit()
+    activations = 0
+    expecting: list[str] | None = None
+    for event in events:
+        if event.kind == "switch" and event.detail == "activated":
+            activations += 1
+            expecting = ["remove_replicas", "abort_replicas", "sleep_replicas"]
+        elif event.kind == "command" and expecting and "hybrid" in event.detail:
+            if event.detail.split()[0] == expecting[0]:
+                expecting.pop(0)
+        elif event.kind == "phase" and event.detail.startswith("train_start"):
+            assert not expecting, f"trainer computed while hybrids still needed {expecting}"
+            expecting = None
+    assert activations >= 1
+
+
+async def test_a_sync_with_enough_samples_queued_skips_activation_and_the_hybrid_weight_sync(redis_server):
+    # Four fast standalones, a slow trainer and room for a full cycle of backlog (staleness 1):
+    # after the first cycles the queue holds more than ratio x step_required, so the gap is <= 0.
+    stack = await run_stack(redis_server.url, rollout={"nnodes": 1, "n_gpus_per_node": 4},
+                            trainer={"time_per_sample_s": 40.0},
+                            async_training={"staleness_threshold": 1.0, "dynamic_schedule_deactivate_ratio": 0.1})
+    cycles = sync_cycles(await stack.audit())
+    skipped = [c for c in cycles[1:] if ("sync_weights", "standalone") in c and ("sync_weights", "hybrid") not in c]
+    assert skipped, f"every sync activated hybrids: {cycles}"
+    for cycle in skipped:
+        assert ("wake_replicas", "hybrid") not in cycle
+        assert ("add_replicas", "hybrid") not in cycle
+
+
+async def test_aborted_requests_finish_on_standalones_with_min_and_max_versions_recorded(redis_server):
+    stack = await run_stack(redis_server.url, data={"max_response_length": 2048},
+                            rollout={"sim": {"response_length": {"mean": 1200, "std": 300}}})
+    trajectories = [t for s in await stack.samples() for t in s.trajectories]
+    moved = [t for t in trajectories if t.replica_ids[0].startswith("hybrid")
+             and t.replica_ids[-1].startswith("standalone")]
+    assert moved, "no trajectory was aborted on a hybrid and finished on a standalone"
+    assert all(t.num_attempts > 1 for t in moved)
+    assert any(t.max_version > t.min_version for t in trajectories), "no partial rollout crossed a weight sync"
+    assert all(t.min_version <= t.max_version for t in trajectories)
+
+
+async def test_static_fully_async_with_standalones_keeps_hybrids_asleep(redis_server):
+    stack = await run_stack(redis_server.url, async_training={"dynamic_schedule_policy": "static_fully_async"})
+    events = await stack.audit()
+    assert not [e for e in events if e.kind == "switch"]
+    hybrid_states = [e.detail for e in events if e.kind == "replica_state" and e.subject.startswith("hybrid")]
+    assert hybrid_states and all(d.startswith("sleeping") for d in hybrid_states)
+    assert (await stack.accounting())["lost"] == 0
+
+
+async def test_colocated_mode_without_standalones_completes(redis_server):
+    stack = await run_stack(redis_server.url, rollout={"nnodes": 0},
+                            async_training={"dynamic_schedule_policy": "static_fully_async"})
+    counts = await stack.accounting()
+    assert counts["trained"] == 64 and counts["lost"] == 0
+    assert [e for e in await stack.audit() if e.kind == "switch" and e.detail == "activated"]
+
+
+async def test_admin_forced_activation_happens_at_the_next_sync_with_the_normal_ordering(redis_server):
+    stack = Stack(sim_config(async_training={"dynamic_schedule_policy": "static_fully_async"}), redis_server.url)
+    await stack.start()
+    assert stack.controller is not None
+    transport = httpx.ASGITransport(app=build_app(stack.controller, PrometheusExporter()))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            response = await client.post("/activate")
+            assert response.status_code == 202
+            assert (await client.put("/policy", json={"deactivate_ratio": 2})).status_code == 422
+            unknown = await client.put("/policy", json={"name": "nope"})
+            assert unknown.status_code == 400 and "registered" in unknown.text
+            assert (await client.get("/status")).json()["policy"]["name"] == "static_fully_async"
+            await stack.wait_done(timeout_s=90)
+            assert "dynamic_resource_mq_size" in (await client.get("/metrics")).text
+    finally:
+        await stack.close()
+    events = await stack.audit()
+    assert [e for e in events if e.kind == "switch" and e.detail == "activated"]
+    assert (await stack.accounting())["lost"] == 0
+
+
+async def test_a_restarted_controller_resumes_and_the_run_completes(redis_server):
+    stack = Stack(sim_config(data={"total_rollout_steps": 96}), redis_server.url)
+    await stack.start()
+    try:
+        redis = stack.buses[0].redis
+        while int(await redis.hget(stack.names.trainer_state, "version") or 0) < 3:
+            await asyncio.sleep(0.02)
+        stack.tasks["controller"].cancel()  # dies mid-run, wherever it was
+        await asyncio.sleep(0.3)
+        stack.start_controller()
+        await stack.wait_done(timeout_s=90)
+    finally:
+        await stack.close()
+    counts = await stack.accounting()
+    assert counts["trained"] == 96 and counts["lost"] == 0
