@@ -16,10 +16,10 @@ from typing import Any
 from core.replica import ReplicaState
 from services.controller.service import Controller
 from services.loadbalancer.service import LoadBalancer
-from services.rollouter.prompts import build_prompt_source
-from services.rollouter.service import Rollouter
 from services.rollout_worker.sim_engine import SimEngine
 from services.rollout_worker.worker import RolloutWorker
+from services.rollouter.prompts import build_prompt_source
+from services.rollouter.service import Rollouter
 from services.trainer.service import Trainer
 from services.trainer.sim_backend import SimTrainer
 from shared.bus import Bus, text

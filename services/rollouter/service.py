@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from core.flow import FlowLimits, StalenessTracker
 from core.metrics import UtilizationHistory
@@ -256,7 +257,7 @@ class Rollouter:
     async def _publish_status(self, mq_size: int | None = None) -> None:
         """Snapshot for the controller (its wait for samples ends early if we are blocked) and humans.
         Written after every change of the active set, pause flag or feed, so it is never stale."""
-        status = {"paused": int(self.tracker.paused), "active_tasks": len(self.active),
+        status: dict[Any, Any] = {"paused": int(self.tracker.paused), "active_tasks": len(self.active),
                   "feed_done": int(self.fed >= self.config.data.total_rollout_steps),
                   "max_concurrent_samples": self.max_concurrent, "staleness_samples": self.tracker.staleness_samples}
         if mq_size is not None:
