@@ -1,6 +1,9 @@
 """Verifiable-reward task: multi-digit addition, in the spirit of DAPO-Math.
 
-A prompt is ``"a+b="`` with 2- or 3-digit operands; the reference answer is the decimal sum.
+A prompt is ``"a+b="`` with 2- or 3-digit operands written zero-padded to 3 digits, and the
+reference answer is the sum zero-padded to 4 digits (``"012+345="`` -> ``"0357"``). Fixed
+widths keep digit positions aligned, which is what lets a tiny model learn the task in a
+minute of CPU warm-up.
 The rollouter feeds prompts from `make_problems` (deterministic by seed, so a prompt id maps
 to one problem across restarts) and scores finished responses with `reward` (exact match,
 1.0 or 0.0). Partial credit exists for experiments but is off by default: the spec's reward
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 
 MIN_OPERAND = 10
 MAX_OPERAND = 999
+OPERAND_DIGITS = 3
+ANSWER_DIGITS = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -21,16 +26,22 @@ class Problem:
     """One addition problem."""
 
     prompt: str
-    """The text the model continues, e.g. ``"12+345="``."""
+    """The text the model continues, e.g. ``"012+345="``."""
     answer: str
-    """The exact expected response text, e.g. ``"357"``."""
+    """The exact expected response text, e.g. ``"0357"``."""
 
 
 def make_problem(rng: random.Random) -> Problem:
     """Draw one problem; operand widths (2 or 3 digits) are drawn first so both are common."""
     a = _operand(rng)
     b = _operand(rng)
-    return Problem(prompt=f"{a}+{b}=", answer=str(a + b))
+    return _problem(a, b)
+
+
+def _problem(a: int, b: int) -> Problem:
+    return Problem(
+        prompt=f"{a:0{OPERAND_DIGITS}d}+{b:0{OPERAND_DIGITS}d}=", answer=f"{a + b:0{ANSWER_DIGITS}d}"
+    )
 
 
 def _operand(rng: random.Random) -> int:
@@ -64,7 +75,7 @@ def parse_prompt(prompt: str) -> Problem:
     left, sep, right = prompt[:-1].partition("+")
     if not sep or not left.isdigit() or not right.isdigit():
         raise ValueError(f"prompt must look like 'a+b=', got {prompt!r}")
-    return Problem(prompt=prompt, answer=str(int(left) + int(right)))
+    return _problem(int(left), int(right))
 
 
 def reward(response_text: str, answer: str, *, partial_credit: bool = False) -> float:

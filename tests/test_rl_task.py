@@ -20,12 +20,18 @@ def test_problem_at_is_random_access_and_deterministic() -> None:
     assert problem_at(seed=3, index=41) != problem_at(seed=3, index=42)
 
 
-def test_problems_are_two_or_three_digit_sums_with_correct_answers() -> None:
+def test_problems_are_fixed_width_sums_of_two_or_three_digit_numbers() -> None:
     for p in make_problems(seed=0, count=500):
         a, b = p.prompt[:-1].split("+")
+        assert len(a) == len(b) == 3 and len(p.answer) == 4
         assert MIN_OPERAND <= int(a) <= MAX_OPERAND and MIN_OPERAND <= int(b) <= MAX_OPERAND
         assert int(p.answer) == int(a) + int(b)
         assert parse_prompt(p.prompt) == p
+
+
+def test_parse_prompt_rebuilds_the_padded_answer() -> None:
+    assert parse_prompt("012+345=").answer == "0357"
+    assert parse_prompt("999+999=").answer == "1998"
 
 
 def test_parse_prompt_rejects_malformed_text() -> None:
