@@ -50,6 +50,8 @@ class SamplingConfig:
     seed: int | None = None
     """None: unseeded. Otherwise each request is seeded from (seed, request_id, prompt length), so
     the n responses of one prompt differ and a resumed request does not replay its prefix."""
+    ignore_eos: bool = False
+    """Generate exactly max_tokens (benchmarks and tests); RL keeps it False."""
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
@@ -145,10 +147,13 @@ class VllmEngine:
             top_p=s.top_p,
             seed=seed,
             logprobs=0,
+            ignore_eos=s.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
         )
 
-    async def generate(self, *, request_id: str, prompt_token_ids: list[int], max_tokens: int) -> EngineOutput:
+    async def generate(
+        self, *, request_id: str, prompt_token_ids: list[int], max_tokens: int
+    ) -> EngineOutput:
         """Sample one response; on abort returns the partial tokens with finish_reason 'abort'."""
         if self.paused or self.sleeping:
             return EngineOutput(token_ids=[], logprobs=[], finish_reason="abort")
