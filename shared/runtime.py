@@ -19,9 +19,13 @@ from shared.streams import connect
 
 
 async def sleep_unless(event: asyncio.Event, timeout_s: float) -> bool:
-    """Sleep up to `timeout_s`, returning early (True) when `event` is set."""
+    """Sleep up to `timeout_s`, returning early (True) when `event` is set.
+
+    Uses `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` can swallow a
+    cancellation that races with completion, leaving a cancelled service running."""
     try:
-        await asyncio.wait_for(event.wait(), timeout=timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
     except TimeoutError:
         return False
     return True

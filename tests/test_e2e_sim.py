@@ -4,11 +4,16 @@ audit stream, the MessageQueue stream and the accounting hash."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 
 import httpx
 import pytest
+import yaml
 
 from services.controller.admin import PrometheusExporter, build_app
+from shared.config import config_to_dict
 from shared.schema import AuditEvent
 from tests.stack import Stack, sim_config
 
@@ -141,18 +146,26 @@ async def test_admin_forced_activation_happens_at_the_next_sync_with_the_normal_
     assert (await stack.accounting())["lost"] == 0
 
 
-async def test_a_restarted_controller_resumes_and_the_run_completes(redis_server):
-    stack = Stack(sim_config(data={"total_rollout_steps": 96}), redis_server.url)
-    await stack.start()
+async def test_a_controller_killed_mid_run_is_restarted_and_the_run_completes(redis_server, tmp_path):
+    config = sim_config(data={"total_rollout_steps": 96})
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config_to_dict(config)))
+    command = [sys.executable, "-m", "services.controller", "--config", str(config_path),
+               "--redis-url", redis_server.url, "--log-level", "WARNING"]
+    stack = Stack(config, redis_server.url)
+    controller = subprocess.Popen(command)
+    await stack.start(without=("controller",))
     try:
         redis = stack.buses[0].redis
         while int(await redis.hget(stack.names.trainer_state, "version") or 0) < 3:
             await asyncio.sleep(0.02)
-        stack.tasks["controller"].cancel()  # dies mid-run, wherever it was
-        await asyncio.sleep(0.3)
-        stack.start_controller()
+        controller.send_signal(signal.SIGKILL)  # a crash: no cleanup, wherever it was
+        controller.wait()
+        controller = subprocess.Popen(command)
         await stack.wait_done(timeout_s=90)
     finally:
+        controller.terminate()
+        controller.wait(timeout=10)
         await stack.close()
     counts = await stack.accounting()
     assert counts["trained"] == 96 and counts["lost"] == 0

@@ -51,7 +51,8 @@ class CommandClient:
             for attempt in range(1, self.max_attempts + 1):
                 await self.bus.publish(stream, command)
                 try:
-                    ack = await asyncio.wait_for(asyncio.shield(future), timeout=self.timeout_s)
+                    async with asyncio.timeout(self.timeout_s):  # not wait_for: it can swallow a cancel on 3.11
+                        ack = await asyncio.shield(future)
                 except TimeoutError:
                     log.warning("no ack for %s on %s (attempt %d/%d)", action, stream, attempt, self.max_attempts)
                     continue

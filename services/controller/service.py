@@ -108,6 +108,7 @@ class Controller:
     # -- events ----------------------------------------------------------------------
 
     async def _handle(self, event: TrainerEvent, events: Subscription) -> None:
+        log.debug("trainer event %s gs=%d v=%d", event.phase, event.global_steps, event.version)
         key = {"phase": event.phase, "global_steps": event.global_steps}
         replay = {k: self.last_event.get(k) for k in key} == key
         if replay and self.last_event.get("status") == "done":

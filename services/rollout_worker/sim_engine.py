@@ -17,13 +17,13 @@ finishes the same response. Abort returns the tokens made so far.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import zlib
 from dataclasses import dataclass, field
 
 from services.rollout_worker.engine import EngineOutput
 from shared.config import SimEngineConfig
+from shared.runtime import sleep_unless
 
 MAX_TOKENS_PER_TICK = 32
 """Upper bound on tokens advanced between two looks at the batch, so arrivals join promptly."""
@@ -124,8 +124,7 @@ class SimEngine:
             tokens_to_next = min(MAX_TOKENS_PER_TICK, min(r.remaining for r in self._running.values()))
             self._changed.clear()
             started = loop.time()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=tokens_to_next * step_s)
+            await sleep_unless(self._changed, tokens_to_next * step_s)
             elapsed = loop.time() - started
             advanced = tokens_to_next if step_s <= 0 else min(tokens_to_next, int(elapsed / step_s + 1e-9))
             self._advance(advanced)

@@ -20,7 +20,6 @@ idempotent).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -28,6 +27,7 @@ from core.replica import IllegalReplicaTransition, ReplicaState, transition
 from services.rollout_worker.engine import Engine
 from shared.bus import Bus, Subscription
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP
+from shared.runtime import sleep_unless
 from shared.schema import Command, CommandAck, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
@@ -165,5 +165,4 @@ class RolloutWorker:
         key = self.bus.names.heartbeat(f"worker:{self.replica_id}")
         while not stop.is_set():
             await self.bus.redis.set(key, str(time.time()), ex=HEARTBEAT_TTL_S)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=HEARTBEAT_TTL_S / 3)
+            await sleep_unless(stop, HEARTBEAT_TTL_S / 3)
