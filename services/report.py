@@ -1,0 +1,112 @@
+"""Charts of a finished run, drawn from what the run recorded (audit.jsonl, metrics.jsonl).
+
+Where it sits: `dynsched run` calls `write_report(out_dir)` after writing the
+run's JSONL files. Nothing here talks to Redis or to a service.
+
+- `resource_time.png`: the seed's figure from real events: one row per
+  replica plus the trainer; rollout (replica serving), train (trainer
+  computing; hybrid rows show it too, since hybrids are trainer GPUs),
+  weight sync, switching (replica awake but not serving) and idle.
+- `reward_curve.png`: mean reward of the trained samples per weight version.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"rollout": "#4c72b0", "train": "#e6b422", "sync": "#55a868", "switch": "#c44e52", "idle": "#dddddd"}
+_STATE_CATEGORY = {"serving": "rollout", "paused": "switch", "sleeping": "idle"}
+
+Interval = tuple[float, float, str]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def timeline(events: list[dict[str, Any]]) -> dict[str, list[Interval]]:
+    """Per row (replica ids, 'trainer'): (start, end, category) intervals, times relative to the first event."""
+    if not events:
+        return {}
+    t0, t_end = events[0]["t"], events[-1]["t"]
+    rows: dict[str, list[Interval]] = {"trainer": []}
+    state_since: dict[str, tuple[float, str]] = {}
+    train_started: float | None = None
+    for event in events:
+        t, subject, detail = event["t"] - t0, event["subject"], event["detail"]
+        if event["kind"] == "replica_state":
+            category = _STATE_CATEGORY.get(detail.split()[0], "idle")
+            if subject in state_since:
+                start, previous = state_since[subject]
+                rows.setdefault(subject, []).append((start, t, previous))
+            state_since[subject] = (t, category)
+        elif event["kind"] == "command" and detail.startswith("sync_weights"):
+            duration_s = float(detail.rsplit(" ", 1)[1].rstrip("s"))
+            for replica_id in state_since:
+                if replica_id in detail:
+                    rows.setdefault(replica_id, []).append((t - duration_s, t, "sync"))
+        elif event["kind"] == "phase" and subject == "trainer":
+            if detail.startswith("train_start"):
+                train_started = t
+            elif detail.startswith("train_end") and train_started is not None:
+                rows["trainer"].append((train_started, t, "train"))
+                train_started = None
+    for subject, (start, category) in state_since.items():
+        rows.setdefault(subject, []).append((start, t_end - t0, category))
+    for subject in rows:
+        if subject.startswith("hybrid"):
+            rows[subject] += [iv for iv in rows["trainer"]]  # hybrids sleep while their GPUs train
+    return rows
+
+
+def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
+    order = sorted(r for r in rows if r.startswith("standalone")) + sorted(
+        r for r in rows if r.startswith("hybrid")) + ["trainer"]
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(order) + 1.5))
+    for y, row in enumerate(reversed(order)):
+        # Draw idle and rollout first so short sync/switch/train bars stay visible on top.
+        for category in ("idle", "rollout", "switch", "sync", "train"):
+            bars = [(s, e - s) for s, e, c in rows.get(row, []) if c == category and e > s]
+            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=COLORS[category])
+    ax.set_yticks(range(len(order)), list(reversed(order)))
+    ax.set_xlabel("seconds since start")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, list(COLORS), ncol=5, loc="upper center", bbox_to_anchor=(0.5, 1.12))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_reward_curve(metrics: list[dict[str, Any]], path: Path) -> None:
+    points = [(m["version"], m["training/reward_mean"]) for m in metrics if "training/reward_mean" in m]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([v for v, _ in points], [r for _, r in points], marker="o")
+    ax.set_xlabel("weight version")
+    ax.set_ylabel("mean reward of trained samples")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(out_dir: Path) -> list[Path]:
+    """Draw both charts into `out_dir`; returns the paths written."""
+    written = []
+    rows = timeline([e for e in read_jsonl(out_dir / "audit.jsonl") if "t" in e])
+    if rows:
+        plot_resource_time(rows, out_dir / "resource_time.png")
+        written.append(out_dir / "resource_time.png")
+    metrics = read_jsonl(out_dir / "metrics.jsonl")
+    if metrics:
+        plot_reward_curve(metrics, out_dir / "reward_curve.png")
+        written.append(out_dir / "reward_curve.png")
+    return written
