@@ -37,35 +37,46 @@ def timeline(events: list[dict[str, Any]]) -> dict[str, list[Interval]]:
     """Per row (replica ids, 'trainer'): (start, end, category) intervals, times relative to the first event."""
     if not events:
         return {}
-    t0, t_end = events[0]["t"], events[-1]["t"]
-    rows: dict[str, list[Interval]] = {"trainer": []}
-    state_since: dict[str, tuple[float, str]] = {}
-    train_started: float | None = None
+    t0 = events[0]["t"]
+    events = [{**e, "t": e["t"] - t0} for e in events]
+    rows = _replica_states(events)
+    train = _train_intervals(events)
     for event in events:
-        t, subject, detail = event["t"] - t0, event["subject"], event["detail"]
-        if event["kind"] == "replica_state":
-            category = _STATE_CATEGORY.get(detail.split()[0], "idle")
-            if subject in state_since:
-                start, previous = state_since[subject]
-                rows.setdefault(subject, []).append((start, t, previous))
-            state_since[subject] = (t, category)
-        elif event["kind"] == "command" and detail.startswith("sync_weights"):
-            duration_s = float(detail.rsplit(" ", 1)[1].rstrip("s"))
-            for replica_id in state_since:
-                if replica_id in detail:
-                    rows.setdefault(replica_id, []).append((t - duration_s, t, "sync"))
-        elif event["kind"] == "phase" and subject == "trainer":
-            if detail.startswith("train_start"):
-                train_started = t
-            elif detail.startswith("train_end") and train_started is not None:
-                rows["trainer"].append((train_started, t, "train"))
-                train_started = None
-    for subject, (start, category) in state_since.items():
-        rows.setdefault(subject, []).append((start, t_end - t0, category))
-    for subject in rows:
-        if subject.startswith("hybrid"):
-            rows[subject] += [iv for iv in rows["trainer"]]  # hybrids sleep while their GPUs train
+        if event["kind"] == "command" and event["detail"].startswith("sync_weights"):
+            duration_s = float(event["detail"].rsplit(" ", 1)[1].rstrip("s"))
+            for replica_id in rows:
+                if replica_id in event["detail"]:
+                    rows[replica_id].append((event["t"] - duration_s, event["t"], "sync"))
+    for replica_id in rows:
+        if replica_id.startswith("hybrid"):
+            rows[replica_id] += train  # hybrids sleep while their GPUs train
+    rows["trainer"] = train
     return rows
+
+
+def _replica_states(events: list[dict[str, Any]]) -> dict[str, list[Interval]]:
+    rows: dict[str, list[Interval]] = {}
+    since: dict[str, tuple[float, str]] = {}
+    for event in (e for e in events if e["kind"] == "replica_state"):
+        subject = event["subject"]
+        if subject in since:
+            rows[subject].append((since[subject][0], event["t"], since[subject][1]))
+        rows.setdefault(subject, [])
+        since[subject] = (event["t"], _STATE_CATEGORY.get(event["detail"].split()[0], "idle"))
+    for subject, (start, category) in since.items():
+        rows[subject].append((start, events[-1]["t"], category))
+    return rows
+
+
+def _train_intervals(events: list[dict[str, Any]]) -> list[Interval]:
+    intervals, started = [], None
+    for event in (e for e in events if e["kind"] == "phase" and e["subject"] == "trainer"):
+        if event["detail"].startswith("train_start"):
+            started = event["t"]
+        elif event["detail"].startswith("train_end") and started is not None:
+            intervals.append((started, event["t"], "train"))
+            started = None
+    return intervals
 
 
 def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
