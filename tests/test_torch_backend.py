@@ -119,7 +119,7 @@ def test_masked_tokens_do_not_contribute() -> None:
 
 
 def test_a_few_grpo_steps_raise_the_reward_on_a_toy(tmp_path: Path) -> None:
-    trainer = _trainer(tmp_path, lr=3e-2)
+    trainer = _trainer(tmp_path, lr=3e-2, lr_warmup_steps=1)
     tok = CharTokenizer()
     target = tok.encode("7")[0]
     prompts = [tok.encode(p) for p in PROMPTS]
