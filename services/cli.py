@@ -184,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose or args.command == "up" else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.command in ("run", "up"):
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the children cleanly on SIGTERM too
+    if args.command in ("run", "up"):  # the children live in their own sessions: we stop them, in order
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _raise_interrupt)
     try:
         if args.command in ("run", "up"):
             if not Path(args.config).is_file():
