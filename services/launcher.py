@@ -36,7 +36,9 @@ import httpx
 import redis
 
 from core.flow import FlowLimits
+from services.report import write_report
 from shared import schema
+from shared.bus import text
 from shared.config import Config, load_config
 from shared.names import Names
 
@@ -127,9 +129,9 @@ class EmbeddedRedis:
 
 def claim_namespace(client: redis.Redis, names: Names, *, fresh: bool) -> None:
     """Make sure nothing lives under the namespace; with `fresh`, delete exactly those keys."""
-    keys = list(client.scan_iter(match=f"{names.namespace}:*", count=1000))
+    keys = list(client.scan_iter(match=names.pattern, count=1000))
     if keys and not fresh:
-        shown = ", ".join(_text(k) for k in keys[:3])
+        shown = ", ".join(text(k) for k in keys[:3])
         raise NamespaceInUse(f"{len(keys)} key(s) already exist under namespace {names.namespace!r} "
                              f"(e.g. {shown}); pass --fresh to delete them, or set run.namespace")
     for start in range(0, len(keys), 1000):
@@ -188,12 +190,8 @@ def log_tail(path: Path, num_lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(lines[-num_lines:])
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def read_hash(client: redis.Redis, key: str) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in client.hgetall(key).items()}  # type: ignore[union-attr]
+    return {text(k): text(v) for k, v in client.hgetall(key).items()}  # type: ignore[union-attr]
 
 
 def read_stream(client: redis.Redis, stream: str, *, batch: int = 1000) -> Iterator[tuple[str, schema.Message]]:
@@ -205,15 +203,15 @@ def read_stream(client: redis.Redis, stream: str, *, batch: int = 1000) -> Itera
             return
         for entry_id, fields in entries:
             try:
-                yield _text(entry_id), schema.decode(fields)
+                yield text(entry_id), schema.decode(fields)
             except schema.MalformedMessage as exc:
-                log.warning("skipping malformed entry %s on %s: %s", _text(entry_id), stream, exc)
-        start = "(" + _text(entries[-1][0])
+                log.warning("skipping malformed entry %s on %s: %s", text(entry_id), stream, exc)
+        start = "(" + text(entries[-1][0])
 
 
 def admin_address(client: redis.Redis, names: Names) -> str | None:
     value = client.get(names.controller_admin)
-    return _text(value) if value else None
+    return text(value) if value else None
 
 
 def fetch_admin_status(address: str | None) -> dict[str, Any]:
@@ -261,6 +259,7 @@ def write_outputs(client: redis.Redis, names: Names, out_dir: Path, summary: dic
              for entry_id, e in read_stream(client, names.audit) if isinstance(e, schema.AuditEvent))
     summary["num_cycles"] = write_jsonl(out_dir / "metrics.jsonl", metrics)
     summary["num_audit_events"] = write_jsonl(out_dir / "audit.jsonl", audit)
+    summary["charts"] = [p.name for p in write_report(out_dir)]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 

@@ -43,6 +43,11 @@ class Names:
 
     namespace: str = DEFAULT_NAMESPACE
 
+    @property
+    def pattern(self) -> str:
+        """Glob matching every key of this namespace (for SCAN)."""
+        return self._key("*")
+
     def _key(self, *parts: str) -> str:
         return ":".join((self.namespace, *parts))
 

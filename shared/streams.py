@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 SOCKET_TIMEOUT_S = 10.0  # any single reply slower than this is an error
 BLOCK_MS = 2_000  # default XREADGROUP BLOCK: returns long before the socket would time out
 assert BLOCK_MS < SOCKET_TIMEOUT_S * 1000 / 2, "BLOCK_MS must stay well below the socket timeout"
-HEALTH_CHECK_INTERVAL_S = 30  # connections idle longer than this are PINGed before use
+HEALTH_CHECK_INTERVAL_S = 30
+MAX_CONNECTIONS = 32  # per client; callers beyond it wait for a free connection  # connections idle longer than this are PINGed before use
 DEFAULT_LEASE_TTL_S = 10.0
 DEFAULT_LEASE_KEY_PREFIX = "dynsched:lease:"  # lease key = prefix + consumer; names.lease("") fits
 DEFAULT_MAX_DELIVERIES = 5
@@ -64,19 +65,17 @@ class StreamEntry:
 
 def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S,
             health_check_interval_s: int = HEALTH_CHECK_INTERVAL_S, client_name: str | None = None) -> aredis.Redis:
-    """An asyncio client returning bytes, retrying connection errors with backoff (``aclose()`` it)."""
+    """An asyncio bytes client retrying connection errors with backoff; its pool waits when every
+    connection is busy (redis-py's default pool raises). ``aclose()`` it."""
     if socket_timeout_s * 1000 <= 2 * BLOCK_MS:
         raise ValueError(f"socket_timeout_s={socket_timeout_s} must exceed twice BLOCK_MS={BLOCK_MS} ms")
-    return aredis.Redis.from_url(
-        url,
-        decode_responses=False,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=min(socket_timeout_s, 5.0),
-        health_check_interval=health_check_interval_s,
-        client_name=client_name,
+    pool = aredis.BlockingConnectionPool.from_url(
+        url, max_connections=MAX_CONNECTIONS, timeout=socket_timeout_s,
+        socket_timeout=socket_timeout_s, socket_connect_timeout=min(socket_timeout_s, 5.0),
+        health_check_interval=health_check_interval_s, client_name=client_name,
         retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 5),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-    )
+        retry_on_error=[RedisConnectionError, RedisTimeoutError])
+    return aredis.Redis(connection_pool=pool)
 
 
 def _dedicated_client(r: aredis.Redis) -> aredis.Redis:

@@ -4,7 +4,7 @@ import pathlib
 import sys
 
 MAX_LINES = 400
-PACKAGES = ("services", "shared", "policies", "core", "sim")
+PACKAGES = ("services", "shared", "policies", "core", "sim", "rl")
 
 
 def main() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 
 import uvicorn
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> None:
         exporter = PrometheusExporter()
         sock = socket.socket()
         sock.bind(("0.0.0.0", config.run.admin_port))
-        host, port = "127.0.0.1", sock.getsockname()[1]
+        # Where the CLI should reach us: 127.0.0.1 locally, the service name under compose.
+        host, port = os.environ.get("DYNSCHED_ADVERTISE_HOST", "127.0.0.1"), sock.getsockname()[1]
         server = _QuietServer(uvicorn.Config(build_app(controller, exporter), log_level="warning"))
         api = asyncio.create_task(server.serve(sockets=[sock]))
         await bus.redis.set(names.controller_admin, f"{host}:{port}")

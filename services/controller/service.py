@@ -38,11 +38,13 @@ CONSUMER = "controller"
 
 
 def build_core(config: Config) -> ControllerCore:
+    """Without dynamic scheduling there are no hybrids and the run is plain fully-async, which is
+    exactly what static_fully_async does (so no switches are counted and no ratio adapts)."""
     at = config.async_training
     if at.dynamic_schedule_policy_module:
         load_policy_module(at.dynamic_schedule_policy_module)
-    policy = build_policy(at.dynamic_schedule_policy, deactivate_ratio=at.dynamic_schedule_deactivate_ratio,
-                          only_hybrid=config.only_hybrid)
+    name = at.dynamic_schedule_policy if at.use_dynamic_resource_scheduling else "static_fully_async"
+    policy = build_policy(name, deactivate_ratio=at.dynamic_schedule_deactivate_ratio, only_hybrid=config.only_hybrid)
     ctx = DynamicScheduleContext(
         required_samples=config.trainer.ppo_mini_batch_size * at.require_batches,
         trigger_parameter_sync_step=at.trigger_parameter_sync_step,
@@ -78,12 +80,28 @@ class Controller:
         try:
             while not stop.is_set():
                 for entry_id, message in await events.read(count=1, block_ms=200):
-                    if isinstance(message, TrainerEvent):
-                        await self._handle(message, events)
+                    if isinstance(message, TrainerEvent) and not await self._handle_unless_stopped(
+                            message, events, stop):
+                        return  # stopped mid-event: left unacked, replayed by the next controller
                     await events.ack(entry_id)
         finally:
             await events.close()
             await self.rpc.close()
+
+    async def _handle_unless_stopped(self, event: TrainerEvent, events: Subscription,
+                                     stop: asyncio.Event) -> bool:
+        """Handle one event; a stop request (SIGTERM) interrupts it like a crash would, so a
+        controller waiting on an unresponsive peer still exits promptly. False if interrupted."""
+        handler = asyncio.create_task(self._handle(event, events))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([handler, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+            return False
+        handler.result()
+        return True
 
     async def _restore(self) -> None:
         raw = await self.bus.redis.get(self.bus.names.controller_state)

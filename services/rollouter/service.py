@@ -39,6 +39,7 @@ from shared.streams import ensure_group, group_lag
 log = logging.getLogger(__name__)
 CONSUMER = "rollouter"
 MONITOR_INTERVAL_S = 0.1
+RETRY_POLL_S = 0.005
 
 
 class Rollouter:
@@ -61,7 +62,8 @@ class Rollouter:
         self.epoch = 0
         self.version = 0
         self._changed = asyncio.Event()
-        self._retries: set[asyncio.Task[None]] = set()
+        self._retries: list[tuple[float, GenerateRequest]] = []
+        """(due time, request) of partial rollouts waiting out the retry delay."""
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -74,7 +76,7 @@ class Rollouter:
         results = await self.bus.subscribe(names.rollouter_results, ROLLOUTER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.rollouter_commands, ROLLOUTER_GROUP, CONSUMER)
         try:
-            await asyncio.gather(self._feed(stop), self._collect(results, stop),
+            await asyncio.gather(self._feed(stop), self._collect(results, stop), self._send_retries(stop),
                                  self._serve_commands(commands, stop), self._monitor(stop))
         finally:
             await results.close()
@@ -150,16 +152,22 @@ class Rollouter:
             return  # a duplicate of a sample already queued
         retry = progress.apply(result, partial_rollout=self.config.async_training.partial_rollout)
         if retry is not None:
-            task = asyncio.create_task(self._retry_later(retry))
-            self._retries.add(task)
-            task.add_done_callback(self._retries.discard)
+            delay_s = self.config.rollout.retry_delay_s * self.config.run.time_scale
+            self._retries.append((time.monotonic() + delay_s, retry))
         elif progress.done:
             await self._enqueue(progress)
 
-    async def _retry_later(self, request: GenerateRequest) -> None:
-        """The original client sleeps 1 s before re-acquiring; the LB then picks a serving replica."""
-        await asyncio.sleep(self.config.rollout.retry_delay_s * self.config.run.time_scale)
-        await self.bus.publish(self.bus.names.lb_requests, request)
+    async def _send_retries(self, stop: asyncio.Event) -> None:
+        """The original client sleeps 1 s before re-acquiring; the LB then picks a serving replica.
+        Due retries go out in one pipeline, so a sync that aborts hundreds of requests costs one
+        round trip, and a failed send keeps them queued (never dropped)."""
+        while not stop.is_set():
+            now = time.monotonic()
+            due = [r for t, r in self._retries if t <= now]
+            if due:
+                await self.bus.publish_many([(self.bus.names.lb_requests, r) for r in due])
+                self._retries = [(t, r) for t, r in self._retries if t > now]
+            await asyncio.sleep(RETRY_POLL_S)
 
     async def _enqueue(self, progress: SampleProgress) -> None:
         """Score, then XADD to the MessageQueue and move the sample to 'queued' in one transaction."""
