@@ -68,6 +68,8 @@ class RunConfig:
     namespace: str = "dynsched"
     admin_port: int = 0
     """Controller admin API port; 0 picks a free one (published in Redis for the CLI)."""
+    work_dir: str = "runs/work"
+    """Real backends: published weight versions (`weights/`) and trainer checkpoints (`checkpoints/`)."""
 
     def __post_init__(self) -> None:
         _check(self.time_scale > 0, "run.time_scale", self.time_scale, "> 0")
@@ -104,7 +106,7 @@ class TrainerConfig:
     model_dir: str = ""
     """torch backend: the model directory (built by `python -m rl.model build`)."""
     checkpoint_dir: str = ""
-    learning_rate: float = 1e-4
+    learning_rate: float = 3e-4
 
     def __post_init__(self) -> None:
         _check(self.ppo_mini_batch_size >= 1, "trainer.ppo_mini_batch_size", self.ppo_mini_batch_size, ">= 1")
@@ -153,6 +155,10 @@ class RolloutConfig:
     retry_delay_s: float = 1.0
     """Partial-rollout retry delay after an abort (the original sleeps 1 s)."""
     gpu_memory_utilization: float = 0.1
+    """vLLM: fraction of GPU memory per replica (on CPU builds: of host RAM)."""
+    temperature: float = 1.0
+    max_model_len: int = 64
+    max_num_seqs: int = 128
     sim: SimEngineConfig = field(default_factory=SimEngineConfig)
 
     def __post_init__(self) -> None:
@@ -162,6 +168,9 @@ class RolloutConfig:
                self.tensor_model_parallel_size, ">= 1")
         _check(self.backend in ("sim", "vllm"), "rollout.backend", self.backend, "'sim' or 'vllm'")
         _check(self.retry_delay_s >= 0, "rollout.retry_delay_s", self.retry_delay_s, ">= 0")
+        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
+               self.gpu_memory_utilization, "within (0, 1]")
+        _check(self.temperature > 0, "rollout.temperature", self.temperature, "> 0")
 
     @property
     def num_standalone_gpus(self) -> int:
@@ -183,6 +192,9 @@ class Config:
         if self.async_training.use_dynamic_resource_scheduling:
             _check(self.trainer.num_gpus % tp == 0, "trainer.num_gpus", self.trainer.num_gpus,
                    f"divisible by tensor_model_parallel_size={tp} to host hybrid replicas")
+        if self.rollout.backend == "vllm" or self.trainer.backend == "torch":
+            _check(bool(self.trainer.model_dir), "trainer.model_dir", self.trainer.model_dir,
+                   "a model directory (build one with `python -m rl.model build --out DIR`)")
         _check(bool(self.standalone_ids or self.hybrid_ids), "rollout.nnodes", self.rollout.nnodes,
                ">= 1, or use_dynamic_resource_scheduling with hybrid replicas (colocated mode)")
 

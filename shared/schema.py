@@ -266,6 +266,8 @@ def _to_plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list | tuple):
+        if not value or isinstance(value[0], _SCALARS):
+            return value  # token ids, logprobs: msgpack packs them as they are (no per-item walk)
         return [_to_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _to_plain(v) for k, v in value.items()}

@@ -15,9 +15,13 @@ from shared.runtime import load, run_until_stopped, service_args
 
 def build_engine(config: Config, replica_id: str) -> Engine:
     if config.rollout.backend == "vllm":
-        from services.rollout_worker.vllm_engine import VllmEngine  # heavy import, only when asked for
+        from services.rollout_worker.vllm_engine import SamplingConfig, VllmEngine, VllmEngineConfig  # heavy
 
-        return VllmEngine.from_config(config, replica_id=replica_id)  # type: ignore[attr-defined,no-any-return]
+        rollout = config.rollout
+        return VllmEngine(VllmEngineConfig(
+            model_path=config.trainer.model_dir, gpu_memory_utilization=rollout.gpu_memory_utilization,
+            sampling=SamplingConfig(temperature=rollout.temperature, seed=config.run.seed),
+            max_model_len=rollout.max_model_len, max_num_seqs=rollout.max_num_seqs, seed=config.run.seed))
     from services.rollout_worker.sim_engine import SimEngine
 
     return SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from services.trainer.service import Trainer, TrainerBackend
 from shared.bus import Bus
@@ -12,9 +13,16 @@ from shared.runtime import load, run_until_stopped, service_args
 
 def build_backend(config: Config) -> TrainerBackend:
     if config.trainer.backend == "torch":
-        from services.trainer.torch_backend import TorchGRPOTrainer  # heavy import, only when asked for
+        from services.trainer.torch_backend import (  # heavy import, only when asked for
+            GRPOConfig,
+            TorchGRPOTrainer,
+        )
 
-        return TorchGRPOTrainer.from_config(config)  # type: ignore[attr-defined,no-any-return]
+        work = Path(config.run.work_dir)
+        return TorchGRPOTrainer(GRPOConfig(
+            model_path=config.trainer.model_dir, weights_root=str(work / "weights"),
+            checkpoint_dir=config.trainer.checkpoint_dir or str(work / "checkpoints"),
+            lr=config.trainer.learning_rate, seed=config.run.seed))
     from services.trainer.sim_backend import SimTrainer
 
     return SimTrainer(config)

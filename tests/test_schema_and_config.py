@@ -1,0 +1,97 @@
+"""The wire schema round-trips every message and rejects malformed entries clearly; the config
+rejects wrong keys, types and values with the offending key in the message."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from shared.config import config_from_dict
+from shared.schema import (
+    Command,
+    CommandAck,
+    CycleMetrics,
+    GenerateRequest,
+    GenerateResult,
+    MalformedMessage,
+    Sample,
+    TrainerEvent,
+    TrainerReply,
+    Trajectory,
+    decode,
+    encode,
+)
+
+
+def as_redis(fields: dict) -> dict[bytes, bytes]:
+    return {k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in fields.items()}
+
+
+MESSAGES = [
+    Sample(sample_id="sample_0_1", prompt_token_ids=[1, 2], answer="3", enqueued_at=1.5, trajectories=[
+        Trajectory(request_id="sample_0_1/0", response_token_ids=[4, 5], response_logprobs=[-0.1, -0.2],
+                   finish_reason="stop", reward=1.0, min_version=2, max_version=3, num_attempts=2,
+                   replica_ids=["hybrid_0", "standalone_0"])]),
+    GenerateRequest(request_id="r/0", sample_id="r", prompt_token_ids=list(range(100)), max_tokens=7, attempt=2),
+    GenerateResult(request_id="r/0", sample_id="r", replica_id="h", token_ids=[1], logprobs=[-1.0],
+                   finish_reason="abort", weight_version=4, attempt=1),
+    Command(command_id="c", action="update_weights", replica_ids=["a", "b"], version=3, weights_path="/w"),
+    CommandAck(command_id="c", sender="a", ok=False, error="nope", data={"state": "paused"}),
+    TrainerEvent(phase="micro_step_done", global_steps=4, version=1, data={"timing_s/step": 1.0}),
+    TrainerReply(action="sync_done", global_steps=4),
+    CycleMetrics(version=1, global_steps=4, t=2.0, metrics={"dynamic_resource/mq_size": 3.0}),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_through_stream_fields(message):
+    assert decode(as_redis(encode(message))) == message
+
+
+def test_header_fields_stay_readable_strings_for_redis_cli():
+    fields = encode(MESSAGES[1])
+    assert fields["type"] == "generate" and fields["request_id"] == "r/0" and fields["max_tokens"] == "7"
+
+
+@pytest.mark.parametrize(("fields", "complaint"), [
+    ({"type": "bogus"}, "unknown message type"),
+    ({"type": "generate", "request_id": "x"}, "missing"),
+    ({"type": "ack", "command_id": "c", "sender": "s", "ok": "1", "payload": b"\xc1"}, "msgpack"),
+    ({"type": "trainer_reply", "action": "stop", "global_steps": "four"}, "global_steps='four' is not a int"),
+    ({"type": "sample", "sample_id": "s", "answer": "",
+      "payload": msgpack.packb({"prompt_token_ids": [], "trajectories": [{"nope": 1}]})}, "bad trajectory"),
+])
+def test_malformed_entries_raise_a_clear_malformed_message(fields, complaint):
+    with pytest.raises(MalformedMessage, match=complaint):
+        decode(as_redis(fields))
+
+
+def minimal(**overrides: dict) -> dict:
+    config = {"data": {"total_rollout_steps": 8}, "trainer": {"ppo_mini_batch_size": 2}}
+    for section, values in overrides.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+@pytest.mark.parametrize(("overrides", "complaint"), [
+    ({"trainer": {"bogus": 1}}, "unknown key.*trainer.bogus"),
+    ({"data": {"total_rollout_steps": "many"}}, "data.total_rollout_steps='many' is invalid: expected int"),
+    ({"async_training": {"dynamic_schedule_deactivate_ratio": 1.5}}, "deactivate_ratio=1.5"),
+    ({"async_training": {"staleness_threshold": -1}}, "staleness_threshold=-1"),
+    ({"rollout": {"backend": "tgi"}}, "rollout.backend='tgi'"),
+    ({"rollout": {"nnodes": 0}}, "colocated mode"),
+    ({"rollout": {"backend": "vllm"}}, "trainer.model_dir"),
+    ({"trainer": {"use_dynamic_resource_scheduling": True}}, "unknown key"),
+])
+def test_bad_config_values_name_the_key_and_the_value(overrides, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        config_from_dict(minimal(**overrides))
+
+
+def test_hybrid_replicas_come_from_trainer_gpus_only_with_dynamic_scheduling():
+    static = config_from_dict(minimal(trainer={"num_gpus": 16}))
+    dynamic = config_from_dict(minimal(trainer={"num_gpus": 16},
+                                       async_training={"use_dynamic_resource_scheduling": True}))
+    assert static.hybrid_ids == ()
+    assert dynamic.hybrid_ids == ("hybrid_0", "hybrid_1")
+    assert dynamic.standalone_ids == ("standalone_0",)
