@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.config import Config
+
 
 def total_rollout_steps(*, configured: int, dataset_size: int, total_epochs: int) -> int:
     """``min(configured, dataset_size * total_epochs)``: prompts the feed will emit."""
@@ -84,6 +86,13 @@ class FlowLimits:
     def total_train_steps(self) -> int:
         """Weight versions the run produces."""
         return int(self.total_rollout_steps / self.step_required)
+
+    @classmethod
+    def from_config(cls, config: Config) -> FlowLimits:
+        at = config.async_training
+        return cls(ppo_mini_batch_size=config.trainer.ppo_mini_batch_size, require_batches=at.require_batches,
+                   trigger_parameter_sync_step=at.trigger_parameter_sync_step,
+                   staleness_threshold=at.staleness_threshold, total_rollout_steps=config.data.total_rollout_steps)
 
     def max_concurrent(self, active_replicas: int, concurrent_samples_per_replica: int) -> int:
         """Samples that may be generating at once; recompute on every replica change."""

@@ -236,11 +236,7 @@ def sample_counts(accounting: dict[str, str]) -> dict[str, int]:
 
 
 def total_micro_steps(config: Config) -> int:
-    limits = FlowLimits(ppo_mini_batch_size=config.trainer.ppo_mini_batch_size,
-                        require_batches=config.async_training.require_batches,
-                        trigger_parameter_sync_step=config.async_training.trigger_parameter_sync_step,
-                        staleness_threshold=config.async_training.staleness_threshold,
-                        total_rollout_steps=config.data.total_rollout_steps)
+    limits = FlowLimits.from_config(config)
     return limits.total_train_steps * limits.trigger_parameter_sync_step
 
 

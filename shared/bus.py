@@ -9,9 +9,10 @@ stops a loop and is never silently lost.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -45,6 +46,23 @@ class Bus:
     async def audit(self, *, kind: str, subject: str, detail: str, version: int = -1) -> None:
         event = schema.AuditEvent(kind=kind, subject=subject, detail=detail, t=time.time(), version=version)
         await self.publish(self.names.audit, event)
+
+    async def serve_commands(self, sub: Subscription, stop: asyncio.Event, *, sender: str,
+                             apply: Callable[[schema.Command], Awaitable[dict[str, Any]]]) -> None:
+        """Apply each controller Command in order and acknowledge it: ok with `apply`'s data, or
+        not ok with the ValueError's text (unknown action, illegal in this state)."""
+        while not stop.is_set():
+            for entry_id, message in await sub.read(count=16, block_ms=200):
+                if isinstance(message, schema.Command):
+                    try:
+                        ack = schema.CommandAck(command_id=message.command_id, sender=sender, ok=True,
+                                                data=await apply(message))
+                    except ValueError as exc:
+                        log.error("%s rejected %s %s: %s", sender, message.command_id, message.action, exc)
+                        ack = schema.CommandAck(command_id=message.command_id, sender=sender, ok=False,
+                                                error=str(exc))
+                    await self.publish(self.names.controller_acks, ack)
+                await sub.ack(entry_id)
 
     async def subscribe(self, stream: str, group: str, consumer: str) -> Subscription:
         consumer_ = StreamConsumer(self.redis, stream=stream, group=group, consumer=consumer,

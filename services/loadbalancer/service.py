@@ -25,11 +25,12 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from typing import Any
 
 from core.routing import LoadBalancerState, NoReplicaAvailable
 from shared.bus import Bus, Subscription, text
 from shared.names import LOADBALANCER_GROUP
-from shared.schema import Command, CommandAck, GenerateRequest, GenerateResult
+from shared.schema import Command, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
 CONSUMER = "loadbalancer"
@@ -51,7 +52,8 @@ class LoadBalancer:
         requests = await self.bus.subscribe(names.lb_requests, LOADBALANCER_GROUP, CONSUMER)
         results = await self.bus.subscribe(names.lb_results, LOADBALANCER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.lb_commands, LOADBALANCER_GROUP, CONSUMER)
-        loops = [self._route(requests, stop), self._relay(results, stop), self._serve_commands(commands, stop)]
+        loops = [self._route(requests, stop), self._relay(results, stop),
+                 self.bus.serve_commands(commands, stop, sender=CONSUMER, apply=self._apply)]
         try:
             await asyncio.gather(*loops)
         finally:
@@ -110,15 +112,8 @@ class LoadBalancer:
             await self.bus.publish_many(forward)
             await sub.ack(*(entry_id for entry_id, _ in batch))
 
-    async def _serve_commands(self, sub: Subscription, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            for entry_id, message in await sub.read(count=16, block_ms=200):
-                if isinstance(message, Command):
-                    await self._apply(message)
-                await sub.ack(entry_id)
-
-    async def _apply(self, command: Command) -> None:
-        data: dict[str, object] = {}
+    async def _apply(self, command: Command) -> dict[str, Any]:
+        data: dict[str, Any] = {}
         if command.action == "add":
             data["added"] = self.state.add_replicas(command.replica_ids)
         elif command.action == "remove":
@@ -126,16 +121,11 @@ class LoadBalancer:
         elif command.action == "clear_sticky":
             data["cleared"] = self.state.clear_sticky()
         elif command.action != "inflight":
-            await self._ack(command, ok=False, error=f"unknown load-balancer action {command.action!r}")
-            return
+            raise ValueError(f"unknown load-balancer action {command.action!r}")
         if command.action in ("add", "remove"):
             await self._save_members()
             await self.bus.audit(kind="lb", subject=CONSUMER, detail=f"{command.action} {command.replica_ids}")
         data.update(members=list(self.state.replica_ids), loads=self.state.loads(),
                     total_inflight=self.state.total_inflight(), waiting=len(self._waiting))
-        await self._ack(command, ok=True, data=data)
-
-    async def _ack(self, command: Command, *, ok: bool, error: str = "", data: dict[str, object] | None = None) -> None:
-        ack = CommandAck(command_id=command.command_id, sender=CONSUMER, ok=ok, error=error, data=data or {})
-        await self.bus.publish(self.bus.names.controller_acks, ack)
+        return data
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
-from core.replica import IllegalReplicaTransition, ReplicaState, transition
+from core.replica import ReplicaState, transition
 from services.rollout_worker.engine import Engine
 from shared.bus import Bus, Subscription
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP
 from shared.runtime import sleep_unless
-from shared.schema import Command, CommandAck, GenerateRequest, GenerateResult
+from shared.schema import Command, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
 
@@ -107,26 +108,18 @@ class RolloutWorker:
         names = self.bus.names
         sub = await self.bus.subscribe(names.worker_commands(self.replica_id), WORKER_GROUP, self.replica_id)
         try:
-            while not stop.is_set():
-                for entry_id, message in await sub.read(count=16, block_ms=200):
-                    if isinstance(message, Command):
-                        await self._apply(message)
-                    await sub.ack(entry_id)
+            await self.bus.serve_commands(sub, stop, sender=self.replica_id, apply=self._apply)
         finally:
             await sub.close()
 
-    async def _apply(self, command: Command) -> None:
+    async def _apply(self, command: Command) -> dict[str, Any]:
+        """Illegal in this state (IllegalReplicaTransition) or unknown: a ValueError, acked as not ok."""
         started = time.monotonic()
-        try:
-            next_state = transition(self.state, command.action)
-            await self._run_engine(command)
-        except (IllegalReplicaTransition, ValueError) as exc:
-            log.error("%s: command %s %s rejected: %s", self.replica_id, command.command_id, command.action, exc)
-            await self._ack(command, ok=False, error=str(exc))
-            return
+        next_state = transition(self.state, command.action)
+        await self._run_engine(command)
         self.state = next_state
         await self._publish_state(command.action)
-        await self._ack(command, ok=True, data={"duration_s": time.monotonic() - started})
+        return {"state": self.state.value, "version": self.version, "duration_s": time.monotonic() - started}
 
     async def _run_engine(self, command: Command) -> None:
         action = command.action
@@ -149,11 +142,6 @@ class RolloutWorker:
                 await self.engine.resume()
         else:
             raise ValueError(f"unknown worker action {action!r}")
-
-    async def _ack(self, command: Command, *, ok: bool, error: str = "", data: dict[str, float] | None = None) -> None:
-        ack = CommandAck(command_id=command.command_id, sender=self.replica_id, ok=ok, error=error,
-                         data={"state": self.state.value, "version": self.version, **(data or {})})
-        await self.bus.publish(self.bus.names.controller_acks, ack)
 
     async def _publish_state(self, reason: str) -> None:
         names = self.bus.names

@@ -33,7 +33,7 @@ from shared.bus import Bus, Subscription, text
 from shared.config import Config
 from shared.names import ROLLOUTER_GROUP, TRAINER_GROUP
 from shared.runtime import sleep_unless
-from shared.schema import Command, CommandAck, GenerateRequest, GenerateResult, Sample, encode
+from shared.schema import Command, GenerateRequest, GenerateResult, Sample, encode
 from shared.streams import ensure_group, group_lag
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,7 @@ class Rollouter:
         self.bus = bus
         self.config = config
         self.prompts = prompts
-        at = config.async_training
-        self.limits = FlowLimits(
-            ppo_mini_batch_size=config.trainer.ppo_mini_batch_size, require_batches=at.require_batches,
-            trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-            staleness_threshold=at.staleness_threshold, total_rollout_steps=config.data.total_rollout_steps,
-        )
+        self.limits = FlowLimits.from_config(config)
         self.tracker = StalenessTracker(limits=self.limits, now_s=time.time())
         self.history = UtilizationHistory(t0=time.time())
         self.active: dict[str, SampleProgress] = {}
@@ -77,7 +72,8 @@ class Rollouter:
         commands = await self.bus.subscribe(names.rollouter_commands, ROLLOUTER_GROUP, CONSUMER)
         try:
             await asyncio.gather(self._feed(stop), self._collect(results, stop), self._send_retries(stop),
-                                 self._serve_commands(commands, stop), self._monitor(stop))
+                                 self.bus.serve_commands(commands, stop, sender=CONSUMER, apply=self._apply),
+                                 self._monitor(stop))
         finally:
             await results.close()
             await commands.close()
@@ -192,15 +188,8 @@ class Rollouter:
 
     # -- commands from the controller ------------------------------------------------
 
-    async def _serve_commands(self, sub: Subscription, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            for entry_id, message in await sub.read(count=16, block_ms=200):
-                if isinstance(message, Command):
-                    await self._apply(message)
-                await sub.ack(entry_id)
-
-    async def _apply(self, command: Command) -> None:
-        data: dict[str, float] = {}
+    async def _apply(self, command: Command) -> dict[str, Any]:
+        data: dict[str, Any] = {}
         if command.action == "set_active_replicas":
             self._set_replicas(command.value)
             await self.bus.redis.hset(self.bus.names.rollouter_state, "num_replicas", command.value)
@@ -209,10 +198,9 @@ class Rollouter:
         elif command.action == "reset_staleness":
             data = await self._reset_staleness(command.version)
         else:
-            await self._ack(command, ok=False, error=f"unknown rollouter action {command.action!r}")
-            return
+            raise ValueError(f"unknown rollouter action {command.action!r}")
         self._changed.set()
-        await self._ack(command, ok=True, data=data)
+        return data
 
     def _set_replicas(self, num_replicas: int) -> None:
         """max_concurrent_samples is recomputed, and recorded in the utilization history, on every change."""
@@ -242,10 +230,6 @@ class Rollouter:
             "fully_async/count/staleness_samples": report.staleness_samples,
             "fully_async/static/max_concurrent_samples": self.max_concurrent,
         }
-
-    async def _ack(self, command: Command, *, ok: bool, error: str = "", data: dict[str, float] | None = None) -> None:
-        ack = CommandAck(command_id=command.command_id, sender=CONSUMER, ok=ok, error=error, data=data or {})
-        await self.bus.publish(self.bus.names.controller_acks, ack)
 
     # -- monitor ---------------------------------------------------------------------
 

@@ -63,11 +63,7 @@ class Trainer:
         self.config = config
         self.backend = backend
         at = config.async_training
-        self.limits = FlowLimits(
-            ppo_mini_batch_size=config.trainer.ppo_mini_batch_size, require_batches=at.require_batches,
-            trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-            staleness_threshold=at.staleness_threshold, total_rollout_steps=config.data.total_rollout_steps,
-        )
+        self.limits = FlowLimits.from_config(config)
         self.total_micro_steps = self.limits.total_train_steps * at.trigger_parameter_sync_step
         self.global_steps = 1
         self.version = 0
