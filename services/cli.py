@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print_json(call_admin(address, "GET" if args.command == "status" else "POST", f"/{args.command}"))
             return 0
-        return int(args.func(args) or 0)  # a subcommand registered by sim.cli
+        return int(args.handler(args) or 0)  # a subcommand registered by sim.cli (simulate, plan)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; services stopped", file=sys.stderr)
         return 130

@@ -171,3 +171,8 @@ def test_prometheus_scrapes_the_controllers_metrics() -> None:
     jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
     assert jobs["dynsched-controller"]["metrics_path"] == "/metrics"
     assert jobs["dynsched-controller"]["static_configs"][0]["targets"] == ["controller:8000"]
+
+
+def test_simulate_runs_through_the_main_cli_and_prints_json(capsys):
+    assert main(["simulate", "--scenario", "scenarios/small_production_bound.yaml", "--json"]) == 0
+    assert '"ideal_bound_h"' in capsys.readouterr().out
