@@ -5,23 +5,22 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.trainer.service import Trainer, TrainerBackend
+from services.trainer.service import Trainer, TrainerBackend, claim_run_id
 from shared.bus import Bus
 from shared.config import Config
 from shared.runtime import load, run_until_stopped, service_args
 
 
-def build_backend(config: Config) -> TrainerBackend:
+def build_backend(config: Config, run_dir: Path) -> TrainerBackend:
     if config.trainer.backend == "torch":
         from services.trainer.torch_backend import (  # heavy import, only when asked for
             GRPOConfig,
             TorchGRPOTrainer,
         )
 
-        work = Path(config.run.work_dir)
         return TorchGRPOTrainer(GRPOConfig(
-            model_path=config.trainer.model_dir, weights_root=str(work / "weights"),
-            checkpoint_dir=config.trainer.checkpoint_dir or str(work / "checkpoints"),
+            model_path=config.trainer.model_dir, weights_root=str(run_dir.resolve() / "weights"),
+            checkpoint_dir=config.trainer.checkpoint_dir or str(run_dir.resolve() / "checkpoints"),
             lr=config.trainer.learning_rate, seed=config.run.seed))
     from services.trainer.sim_backend import SimTrainer
 
@@ -33,7 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     config, names = load(args)
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
-        await Trainer(bus=bus, config=config, backend=build_backend(config)).run(stop)
+        run_dir = Path(config.run.work_dir) / await claim_run_id(bus)
+        await Trainer(bus=bus, config=config, backend=build_backend(config, run_dir)).run(stop)
 
     run_until_stopped(body, redis_url=args.redis_url, names=names)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any, Protocol
 
 from core.flow import FlowLimits
@@ -52,6 +53,18 @@ class TrainerBackend(Protocol):
 
     def acquire_gpu(self) -> None: ...
 
+    def save_checkpoint(self, version: int) -> object: ...
+
+    def resume_latest(self) -> int | None: ...
+
+
+async def claim_run_id(bus: Bus) -> str:
+    """This run's id (kept in trainer_state), so a restarted trainer finds its own weights and
+    checkpoints, and a new run never reads an earlier run's files under the same work_dir."""
+    key = bus.names.trainer_state
+    await bus.redis.hsetnx(key, "run_id", time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    return text(await bus.redis.hget(key, "run_id"))
+
 
 class StopRequested(Exception):
     """The controller (or a signal) asked the trainer to stop."""
@@ -77,6 +90,10 @@ class Trainer:
         self.global_steps = int(state.get("global_steps", 1))
         self.version = int(state.get("version", 0))
         self.stale_trajectories = int(state.get("stale_trajectories", 0))
+        if self.version > 0:
+            resumed = await asyncio.to_thread(self.backend.resume_latest)
+            if resumed != self.version:
+                log.warning("trainer state says version %d but the newest checkpoint is %s", self.version, resumed)
         replies = await self.bus.subscribe(names.trainer_replies, TRAINER_GROUP, CONSUMER)
         mq = StreamConsumer(self.bus.redis, stream=names.mq, group=TRAINER_GROUP, consumer=CONSUMER,
                             dead_letter_stream=names.dead_letters, lease_key_prefix=names.lease(""))
@@ -123,6 +140,7 @@ class Trainer:
         sync_s = 0.0
         if gs % self.config.async_training.trigger_parameter_sync_step == 0:
             self.version += 1
+            await asyncio.to_thread(self.backend.save_checkpoint, self.version)
             sync_started = time.monotonic()
             await self._sync(replies, stop, global_steps=gs)
             sync_s = time.monotonic() - sync_started

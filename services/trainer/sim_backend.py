@@ -35,6 +35,12 @@ class SimTrainer:
     def export_weights(self, version: int) -> str | None:
         return None
 
+    def save_checkpoint(self, version: int) -> None:
+        """Nothing to save: the sim has no parameters."""
+
+    def resume_latest(self) -> int | None:
+        return None
+
     def release_gpu(self) -> None:
         if self.on_gpu:
             time.sleep(self.offload_s * self.time_scale)
