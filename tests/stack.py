@@ -72,7 +72,7 @@ class Stack:
         for name, build in services.items():
             if name not in without:
                 self.tasks[name] = asyncio.create_task(build().run(self.stop))
-        for replica_id in config.standalone_ids + config.hybrid_ids:
+        for replica_id in (r for r in config.standalone_ids + config.hybrid_ids if r not in without):
             engine = SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,
                                prompt_length=config.data.prompt_length, seed=config.run.seed)
             await engine.start()

@@ -146,26 +146,38 @@ async def test_admin_forced_activation_happens_at_the_next_sync_with_the_normal_
     assert (await stack.accounting())["lost"] == 0
 
 
-async def test_a_controller_killed_mid_run_is_restarted_and_the_run_completes(redis_server, tmp_path):
+def spawn(service: str, config_path, redis_url: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", f"services.{service}", "--config", str(config_path),
+                             "--redis-url", redis_url, "--log-level", "WARNING", *extra])
+
+
+@pytest.mark.parametrize(("service", "name", "extra"), [
+    ("controller", "controller", ()),
+    ("rollouter", "rollouter", ()),
+    ("trainer", "trainer", ()),
+    ("rollout_worker", "standalone_0", ("--replica-id", "standalone_0")),
+])
+async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost(redis_server, tmp_path, service, name,
+                                                                        extra):
     config = sim_config(data={"total_rollout_steps": 96})
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config_to_dict(config)))
-    command = [sys.executable, "-m", "services.controller", "--config", str(config_path),
-               "--redis-url", redis_server.url, "--log-level", "WARNING"]
     stack = Stack(config, redis_server.url)
-    controller = subprocess.Popen(command)
-    await stack.start(without=("controller",))
+    proc = spawn(service, config_path, redis_server.url, *extra)
+    await stack.start(without=(name,))
     try:
         redis = stack.buses[0].redis
         while int(await redis.hget(stack.names.trainer_state, "version") or 0) < 3:
             await asyncio.sleep(0.02)
-        controller.send_signal(signal.SIGKILL)  # a crash: no cleanup, wherever it was
-        controller.wait()
-        controller = subprocess.Popen(command)
+        proc.send_signal(signal.SIGKILL)  # a crash: no cleanup, wherever it was
+        proc.wait()
+        proc = spawn(service, config_path, redis_server.url, *extra)
         await stack.wait_done(timeout_s=90)
     finally:
-        controller.terminate()
-        controller.wait(timeout=10)
+        proc.terminate()
+        proc.wait(timeout=15)
         await stack.close()
     counts = await stack.accounting()
     assert counts["trained"] == 96 and counts["lost"] == 0
+    trained = [s.sample_id for s in await stack.samples()]
+    assert len(trained) == len(set(trained)), "a sample reached the MessageQueue twice"
