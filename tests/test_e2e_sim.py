@@ -181,3 +181,24 @@ async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost(redis_s
     assert counts["trained"] == 96 and counts["lost"] == 0
     trained = [s.sample_id for s in await stack.samples()]
     assert len(trained) == len(set(trained)), "a sample reached the MessageQueue twice"
+
+
+async def test_malformed_entries_on_every_stream_are_dead_lettered_and_the_run_completes(redis_server):
+    stack = Stack(sim_config(), redis_server.url)
+    names = stack.names
+    await stack.start()
+    try:
+        redis = stack.buses[0].redis
+        streams = [names.lb_requests, names.lb_results, names.rollouter_results, names.trainer_events,
+                   names.mq, names.worker_requests("standalone_0"), names.rollouter_commands]
+        for stream in streams:
+            await redis.xadd(stream, {"type": "generate", "request_id": "no-sample-id"})
+            await redis.xadd(stream, {"garbage": "\\xff"})
+        await stack.wait_done(timeout_s=90)
+        dead = await redis.xrange(names.dead_letters)
+    finally:
+        await stack.close()
+    reasons = [fields[b"dlq_reason"].decode() for _, fields in dead]
+    assert len(dead) == 2 * len(streams), reasons
+    assert all("malformed" in r or "not a sample" in r for r in reasons)
+    assert (await stack.accounting())["lost"] == 0
