@@ -14,7 +14,8 @@ import yaml
 
 from services.controller.admin import PrometheusExporter, build_app
 from shared.config import config_to_dict
-from shared.schema import AuditEvent
+from shared.schema import AuditEvent, CycleMetrics, decode
+from shared.streams import connect
 from tests.stack import Stack, sim_config
 
 pytestmark = pytest.mark.e2e
@@ -202,3 +203,40 @@ async def test_malformed_entries_on_every_stream_are_dead_lettered_and_the_run_c
     assert len(dead) == 2 * len(streams), reasons
     assert all("malformed" in r or "not a sample" in r for r in reasons)
     assert (await stack.accounting())["lost"] == 0
+
+
+SEED_METRICS = (
+    "dynamic_resource/train_resource_utilization", "dynamic_resource/train_compute_time_s",
+    "dynamic_resource/train_allocated_time_s", "dynamic_resource/rollout_resource_utilization",
+    "dynamic_resource/resource_utilization", "dynamic_resource/mq_size",
+    "fully_async/rollouter/step_generated_samples", "fully_async/rollouter/idle_ratio",
+    "fully_async/trainer/idle_ratio", "fully_async/total_wait_time", "timing_s/wait_for_enough_samples",
+    "fully_async/partial/total_partial_num", "fully_async/partial/partial_ratio",
+    "fully_async/partial/max_partial_span", "fully_async/count/stale_trajectory_processed",
+    "fully_async/count/current_param_version", "fully_async/count/total_generated_samples",
+    "fully_async/processing_time/tp99", "perf/throughput",
+)
+
+
+async def test_every_cycle_carries_the_seed_metrics_and_the_ratios_match_their_definitions(redis_server):
+    stack = await run_stack(redis_server.url)
+    redis = connect(redis_server.url)
+    try:
+        cycles = [decode(f) for _, f in await redis.xrange(stack.names.metrics)]
+    finally:
+        await redis.aclose()
+    assert len(cycles) == 64 // 8  # one per weight version
+    config = stack.config
+    a, b = config.trainer.num_gpus, config.rollout.num_standalone_gpus
+    for cycle in cycles:
+        assert isinstance(cycle, CycleMetrics)
+        m = cycle.metrics
+        assert set(SEED_METRICS) <= set(m), sorted(set(SEED_METRICS) - set(m))
+        assert m["dynamic_resource/train_resource_utilization"] == pytest.approx(
+            m["dynamic_resource/train_compute_time_s"] / m["dynamic_resource/train_allocated_time_s"])
+        x = min(1.0, max(0.0, m["timing_s/wait_for_enough_samples"] / m["timing_s/step"]))
+        u_train, u_rollout = m["dynamic_resource/train_resource_utilization"], m[
+            "dynamic_resource/rollout_resource_utilization"]
+        assert m["dynamic_resource/resource_utilization"] == pytest.approx(
+            ((1 - x) * a * u_train + (x * a + b) * u_rollout) / (a + b))
+        assert 0.0 <= u_rollout <= 1.0 and 0.0 <= u_train <= 1.0

@@ -229,6 +229,10 @@ class Controller:
         metrics = self.aggregator.reduce(
             rollout_utilization=rollout_utilization, num_trainer_gpus=self.config.trainer.num_gpus,
             num_standalone_gpus=self.config.rollout.num_standalone_gpus)
+        num_gpus = self.config.trainer.num_gpus + self.config.rollout.num_standalone_gpus
+        step_s = metrics.get("timing_s/step", 0.0)
+        if step_s > 0:  # the original's perf/throughput: tokens / (step time x all GPUs)
+            metrics["perf/throughput"] = metrics.get("perf/total_num_tokens", 0.0) / (step_s * num_gpus)
         metrics.update({"dynamic_resource/activations": float(self.core.activations),
                         "dynamic_resource/deactivations": float(self.core.deactivations),
                         "dynamic_resource/deactivate_ratio": float(getattr(self.core.policy, "deactivate_ratio", 0))})

@@ -227,8 +227,17 @@ class Rollouter:
             "fully_async/rollouter/version_time_s": report.version_time_s,
             "fully_async/rollouter/active_time_s": report.active_time_s,
             "dynamic_resource/rollout_resource_utilization": utilization,
+            "fully_async/rollouter/idle_ratio_all_windows": report.idle_ratio_all_windows,
             "fully_async/count/staleness_samples": report.staleness_samples,
+            "fully_async/count/total_generated_samples": self.tracker.total_generated,
+            "fully_async/count/dropped_stale_samples": self.tracker.dropped,
+            "fully_async/monitor/active_tasks_size": len(self.active),
+            "fully_async/monitor/queue/mq_queue_size": mq_size,
             "fully_async/static/max_concurrent_samples": self.max_concurrent,
+            "fully_async/static/max_required_samples": self.limits.max_required,
+            "fully_async/static/required_samples": self.limits.required_samples,
+            "fully_async/static/max_queue_size": self.limits.max_queue_size,
+            "fully_async/static/staleness_threshold": self.limits.staleness_threshold,
         }
 
     # -- monitor ---------------------------------------------------------------------
