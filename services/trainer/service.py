@@ -84,7 +84,7 @@ class Trainer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """1. restore progress; 2. initial sync at v0; 3. micro-steps until the configured total;
-        4. tell the controller we are done."""
+        4. tell the controller we are done, and idle until stopped."""
         names = self.bus.names
         state = {text(k): text(v) for k, v in (await self.bus.redis.hgetall(names.trainer_state)).items()}
         self.global_steps = int(state.get("global_steps", 1))
@@ -107,6 +107,7 @@ class Trainer:
             if not stop.is_set():
                 await self.bus.publish(names.trainer_events, TrainerEvent(
                     phase="done", global_steps=self.global_steps - 1, version=self.version))
+                await stop.wait()  # like every service, run until told to stop (then exit 0)
         except StopRequested:
             log.info("trainer stopping at global_steps=%d", self.global_steps)
         finally:
