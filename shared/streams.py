@@ -35,15 +35,17 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from shared.names import Names
+
 log = logging.getLogger(__name__)
 
 SOCKET_TIMEOUT_S = 10.0  # any single reply slower than this is an error
 BLOCK_MS = 2_000  # default XREADGROUP BLOCK: returns long before the socket would time out
 assert BLOCK_MS < SOCKET_TIMEOUT_S * 1000 / 2, "BLOCK_MS must stay well below the socket timeout"
-HEALTH_CHECK_INTERVAL_S = 30
-MAX_CONNECTIONS = 32  # per client; callers beyond it wait for a free connection  # connections idle longer than this are PINGed before use
+HEALTH_CHECK_INTERVAL_S = 30  # connections idle longer than this are PINGed before use
+MAX_CONNECTIONS = 32  # per client; callers beyond it wait for a free connection
 DEFAULT_LEASE_TTL_S = 10.0
-DEFAULT_LEASE_KEY_PREFIX = "dynsched:lease:"  # lease key = prefix + consumer; names.lease("") fits
+DEFAULT_LEASE_KEY_PREFIX = Names().lease("")  # lease key = prefix + consumer
 DEFAULT_MAX_DELIVERIES = 5
 DEAD_LETTER_SUFFIX = ":dlq"  # default dead-letter stream = origin stream + suffix
 RECONNECT_TIMEOUT_S = 30.0  # a read keeps retrying a lost connection this long, then raises
