@@ -240,3 +240,25 @@ async def test_every_cycle_carries_the_seed_metrics_and_the_ratios_match_their_d
         assert m["dynamic_resource/resource_utilization"] == pytest.approx(
             ((1 - x) * a * u_train + (x * a + b) * u_rollout) / (a + b))
         assert 0.0 <= u_rollout <= 1.0 and 0.0 <= u_train <= 1.0
+
+
+async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_requests_are_retried(
+        redis_server, tmp_path):
+    config = sim_config(data={"total_rollout_steps": 96})
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config_to_dict(config)))
+    stack = Stack(config, redis_server.url)
+    worker = spawn("rollout_worker", config_path, redis_server.url, "--replica-id", "standalone_0")
+    await stack.start(without=("standalone_0",))
+    try:
+        redis = stack.buses[0].redis
+        while int(await redis.hget(stack.names.trainer_state, "version") or 0) < 2:
+            await asyncio.sleep(0.02)
+        worker.send_signal(signal.SIGKILL)  # never comes back
+        worker.wait()
+        await stack.wait_done(timeout_s=120)
+    finally:
+        await stack.close()
+    counts = await stack.accounting()
+    assert counts["trained"] == 96 and counts["lost"] == 0
+    assert [e for e in await stack.audit() if e.kind == "lb" and e.detail == "dead standalone_0"]

@@ -89,8 +89,19 @@ class Executor:
             raise AssertionError(f"unhandled command {command!r}")
 
     async def _workers(self, replica_ids: tuple[str, ...], action: str, **fields: object) -> None:
-        streams = [self.bus.names.worker_commands(r) for r in replica_ids]
-        await self.rpc.call_many(streams, action, **fields)
+        """Send to every replica; wait for the acks of live ones only. A replica whose heartbeat
+        expired gets the command too (replayed when it restarts) but is not waited for."""
+        names = self.bus.names
+        async with self.bus.redis.pipeline(transaction=False) as pipe:
+            for replica_id in replica_ids:
+                pipe.exists(names.heartbeat(f"worker:{replica_id}"))
+            alive = await pipe.execute()
+        for replica_id, is_alive in zip(replica_ids, alive, strict=True):
+            if not is_alive:
+                log.warning("replica %s has no heartbeat: %s sent, not awaited", replica_id, action)
+                await self.rpc.send(names.worker_commands(replica_id), action, **fields)
+        live = [names.worker_commands(r) for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
+        await self.rpc.call_many(live, action, **fields)
 
     async def wait_for_samples(self, min_queue_size: int) -> None:
         """Poll mq_size until it reaches the threshold. Also ends when the rollouter cannot produce

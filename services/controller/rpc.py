@@ -63,6 +63,10 @@ class CommandClient:
         finally:
             self._waiting.pop(command.command_id, None)
 
+    async def send(self, stream: str, action: str, **fields: object) -> None:
+        """Publish without waiting for an ack (to a peer that is down: it replays it on restart)."""
+        await self.bus.publish(stream, Command(command_id=uuid.uuid4().hex, action=action, **fields))  # type: ignore[arg-type]
+
     async def call_many(self, streams: list[str], action: str, **fields: object) -> list[CommandAck]:
         return list(await asyncio.gather(*(self.call(s, action, **fields) for s in streams)))
 

@@ -29,11 +29,14 @@ from typing import Any
 
 from core.routing import LoadBalancerState, NoReplicaAvailable
 from shared.bus import Bus, Subscription, text
-from shared.names import LOADBALANCER_GROUP
-from shared.schema import Command, GenerateRequest, GenerateResult
+from shared.names import LOADBALANCER_GROUP, WORKER_GROUP
+from shared.runtime import sleep_unless
+from shared.schema import Command, GenerateRequest, GenerateResult, MalformedMessage, decode
+from shared.streams import StreamConsumer
 
 log = logging.getLogger(__name__)
 CONSUMER = "loadbalancer"
+WATCH_INTERVAL_S = 1.0
 FINISHED = ("stop", "length")
 
 
@@ -43,6 +46,8 @@ class LoadBalancer:
         self.initial_replica_ids = initial_replica_ids
         self.state = LoadBalancerState()
         self._waiting: deque[tuple[str, GenerateRequest]] = deque()
+        self._dead: set[str] = set()
+        """Members whose heartbeat expired: out of routing until it returns."""
         self.routing_latencies_s: deque[float] = deque(maxlen=10_000)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -52,7 +57,7 @@ class LoadBalancer:
         requests = await self.bus.subscribe(names.lb_requests, LOADBALANCER_GROUP, CONSUMER)
         results = await self.bus.subscribe(names.lb_results, LOADBALANCER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.lb_commands, LOADBALANCER_GROUP, CONSUMER)
-        loops = [self._route(requests, stop), self._relay(results, stop),
+        loops = [self._route(requests, stop), self._relay(results, stop), self._watch_replicas(stop),
                  self.bus.serve_commands(commands, stop, sender=CONSUMER, apply=self._apply)]
         try:
             await asyncio.gather(*loops)
@@ -70,8 +75,9 @@ class LoadBalancer:
         key = self.bus.names.lb_members
         async with self.bus.redis.pipeline(transaction=True) as pipe:
             pipe.delete(key)
-            if self.state.replica_ids:
-                pipe.rpush(key, *self.state.replica_ids)
+            members = list(self.state.replica_ids) + sorted(self._dead)  # the controller's view
+            if members:
+                pipe.rpush(key, *members)
             await pipe.execute()
 
     async def _route(self, sub: Subscription, stop: asyncio.Event) -> None:
@@ -112,12 +118,61 @@ class LoadBalancer:
             await self.bus.publish_many(forward)
             await sub.ack(*(entry_id for entry_id, _ in batch))
 
+    async def _watch_replicas(self, stop: asyncio.Event) -> None:
+        """A replica whose heartbeat expired is taken out of routing, and the requests stranded in
+        its stream (queued, or taken and never answered) are answered 'rejected' so the rollouter
+        retries them elsewhere. It is routed to again once its heartbeat returns."""
+        seen_alive: set[str] = set()
+        while not stop.is_set():
+            for replica_id in set(self.state.replica_ids) | self._dead:
+                alive = bool(await self.bus.redis.exists(self.bus.names.heartbeat(f"worker:{replica_id}")))
+                if alive:
+                    seen_alive.add(replica_id)
+                    if replica_id in self._dead:
+                        self._dead.discard(replica_id)
+                        self.state.add_replicas([replica_id])
+                        await self.bus.audit(kind="lb", subject=CONSUMER, detail=f"alive again {replica_id}")
+                elif replica_id in seen_alive and replica_id not in self._dead:
+                    self._dead.add(replica_id)
+                    self.state.remove_replicas([replica_id])
+                    await self.bus.audit(kind="lb", subject=CONSUMER, detail=f"dead {replica_id}")
+            for replica_id in self._dead:
+                await self._reject_stranded(replica_id)
+            await sleep_unless(stop, WATCH_INTERVAL_S)
+
+    async def _reject_stranded(self, replica_id: str) -> None:
+        names = self.bus.names
+        rescuer = StreamConsumer(self.bus.redis, stream=names.worker_requests(replica_id), group=WORKER_GROUP,
+                                 consumer=f"{CONSUMER}-rescue", dead_letter_stream=names.dead_letters,
+                                 lease_key_prefix=names.lease(""))
+        await rescuer.start()
+        try:
+            entries = await rescuer.reclaim_dead() + await rescuer.read(count=1024, block_ms=0)
+            answers = []
+            for entry in entries:
+                try:
+                    request = decode(entry.fields)
+                except MalformedMessage:
+                    continue  # garbage: acked below, nothing to answer
+                if isinstance(request, GenerateRequest):
+                    answers.append((names.rollouter_results, GenerateResult(
+                        request_id=request.request_id, sample_id=request.sample_id, replica_id=replica_id,
+                        token_ids=[], logprobs=[], finish_reason="rejected", weight_version=-1,
+                        attempt=request.attempt)))
+            await self.bus.publish_many(answers)
+            await rescuer.ack([e.entry_id for e in entries])
+            if answers:
+                log.warning("answered %d requests stranded on dead replica %s", len(answers), replica_id)
+        finally:
+            await rescuer.aclose(release_lease=True)
+
     async def _apply(self, command: Command) -> dict[str, Any]:
         data: dict[str, Any] = {}
-        if command.action == "add":
-            data["added"] = self.state.add_replicas(command.replica_ids)
+        if command.action == "add":  # a dead member joins routing when its heartbeat returns
+            data["added"] = self.state.add_replicas(r for r in command.replica_ids if r not in self._dead)
         elif command.action == "remove":
             data["removed"] = self.state.remove_replicas(command.replica_ids)
+            self._dead.difference_update(command.replica_ids)
         elif command.action == "clear_sticky":
             data["cleared"] = self.state.clear_sticky()
         elif command.action != "inflight":

@@ -12,6 +12,8 @@ from shared.bus import Bus
 from shared.config import Config
 from shared.runtime import load, run_until_stopped, service_args
 
+STARTUP_TTL_S = 300
+
 
 def build_engine(config: Config, replica_id: str) -> Engine:
     if config.rollout.backend == "vllm":
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     config, names = load(args)
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
+        for replica_id in args.replica_id:  # alive while the engine starts (vLLM takes tens of seconds)
+            await bus.redis.set(names.heartbeat(f"worker:{replica_id}"), "starting", ex=STARTUP_TTL_S)
         workers = []
         for replica_id in args.replica_id:
             engine = build_engine(config, replica_id)
