@@ -46,7 +46,8 @@ def timeline(events: list[dict[str, Any]]) -> dict[str, list[Interval]]:
             duration_s = float(event["detail"].rsplit(" ", 1)[1].rstrip("s"))
             for replica_id in rows:
                 if replica_id in event["detail"]:
-                    rows[replica_id].append((event["t"] - duration_s, event["t"], "sync"))
+                    # A sync can start before the first recorded event (a worker still booting).
+                    rows[replica_id].append((max(0.0, event["t"] - duration_s), event["t"], "sync"))
     for replica_id in rows:
         if replica_id.startswith("hybrid"):
             rows[replica_id] += train  # hybrids sleep while their GPUs train
