@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from bench import write_result
 from bench.bench_mq import throwaway_redis
 from core import controller as cc
 from services.controller.executor import Executor
@@ -271,10 +271,7 @@ def main(argv: list[str] | None = None) -> int:
               "cpus": os.cpu_count(), "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
               "scenarios": scenarios}
     print_table(result)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

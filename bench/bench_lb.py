@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -30,6 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from bench import write_result
 from bench.bench_control_plane import bench_config, percentiles_ms, service_processes
 from bench.bench_mq import throwaway_redis
 from core.routing import LoadBalancerState
@@ -259,10 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"cpus": os.cpu_count(), "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
               "in_process": in_process, "codec": codec, "service": service}
     print_tables(result)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import csv
 import io
-import json
 import random
 import shutil
 import socket
@@ -28,6 +27,7 @@ from typing import Any
 
 import msgpack
 
+from bench import write_result
 from shared.streams import StreamConsumer, connect, ensure_group, xadd_many
 
 STREAM = "bench:mq"
@@ -196,10 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in bench.items():
         print(f"{'redis-benchmark XADD 512B c50 ' + name:48s} {row['requests_per_s']:12,.0f}"
               f"   p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import write_result
 from services.launcher import run_job
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -104,10 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_config(Path(config_path), out_dir, timeout_s=args.timeout_s))
     result = {"cpus": os.cpu_count(), "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]], "runs": rows}
     print_table(rows)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 
