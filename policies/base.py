@@ -140,6 +140,13 @@ class DynamicSchedulePolicyBase(ABC):
     policy_name: ClassVar[str] = ""
     """Set by `register_policy` to the name the class was registered under."""
 
+    def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
+        """The built-ins' constructor: the ratio is validated to lie in [0, 1], and colocated
+        mode (only_hybrid) pins it at 1.0 so every cycle waits for a full step's samples."""
+        ratio = validate_ratio(deactivate_ratio)
+        self.deactivate_ratio = 1.0 if only_hybrid else ratio
+        self.only_hybrid = only_hybrid
+
     @abstractmethod
     def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
         """Return True to deactivate hybrid replicas before this micro-step trains."""

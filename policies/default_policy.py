@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy, validate_ratio
+from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
 
 DEFAULT_SWITCH_COST_S = 10.0
 """Switch cost assumed before any activate+deactivate overhead was measured."""
@@ -50,9 +50,7 @@ class DefaultDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     """
 
     def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
-        ratio = validate_ratio(deactivate_ratio)
-        self.deactivate_ratio = 1.0 if only_hybrid else ratio
-        self.only_hybrid = only_hybrid
+        super().__init__(deactivate_ratio, only_hybrid)
         self.recent_switch_overheads_s: list[float] = []
         self.per_sample_time_s: float = INITIAL_PER_SAMPLE_TIME_S
 

@@ -7,7 +7,7 @@ missing); used for fixed-ratio ablations. Pure: everything comes from the contex
 
 from __future__ import annotations
 
-from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy, validate_ratio
+from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
 
 
 @register_policy("fixed_ratio")
@@ -23,11 +23,6 @@ class FixedRatioDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     Fixed versus the original: registered by default; the ratio is validated to
     lie in [0, 1]; only_hybrid pins it at 1.0 (as the original did).
     """
-
-    def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
-        ratio = validate_ratio(deactivate_ratio)
-        self.deactivate_ratio = 1.0 if only_hybrid else ratio
-        self.only_hybrid = only_hybrid
 
     def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
         return is_hybrid_active

@@ -7,7 +7,7 @@ the seed promises. Pure: everything comes from the context.
 
 from __future__ import annotations
 
-from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy, validate_ratio
+from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
 
 
 @register_policy("static_fully_async")
@@ -25,9 +25,7 @@ class StaticFullyAsyncPolicy(DynamicSchedulePolicyBase):
     """
 
     def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False):
-        ratio = validate_ratio(deactivate_ratio)
-        self.deactivate_ratio = 1.0 if only_hybrid else ratio
-        self.only_hybrid = only_hybrid
+        super().__init__(deactivate_ratio, only_hybrid)
 
     def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
         return is_hybrid_active

@@ -21,7 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"rollout": "#4c72b0", "train": "#e6b422", "sync": "#55a868", "switch": "#c44e52", "idle": "#dddddd"}
+from sim.plots import COLORS  # noqa: E402  (one palette for simulated and recorded runs)
+
 _STATE_CATEGORY = {"serving": "rollout", "paused": "switch", "sleeping": "idle"}
 
 Interval = tuple[float, float, str]
