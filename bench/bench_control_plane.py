@@ -39,11 +39,11 @@ from bench import write_result
 from bench.bench_mq import throwaway_redis
 from core import controller as cc
 from services.controller.executor import Executor
-from services.controller.rpc import CommandClient
 from services.controller.service import build_core
 from shared.bus import Bus
 from shared.config import Config, config_from_dict
 from shared.names import Names
+from shared.rpc import CommandClient
 from shared.streams import connect
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,9 @@
 Usage: `python -m bench.vllm_timings [--model DIR] [--repeats N]`. Without --model it builds
 a random tiny Llama (no warm-up needed for timings). Measures engine init, a cold and warm
 batch of task-sized generations, abort of long in-flight requests, pause while idle, resume,
-in-place reload from the filesystem transport, and sleep/wake (emulated on CPU). These are
+in-place reload from the filesystem transport (and the publish that precedes it), the gloo
+push (shared/weight_transfer.py: joining the trainer's group once, then a push per version),
+and sleep/wake (emulated on CPU). These are
 the numbers docs/real_training.md quotes; the simulator's vllm timing model can be
 calibrated from them.
 """
@@ -12,16 +14,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from rl.model import ModelConfig, init_model, save_pretrained
+from rl.model import ModelConfig, init_model, load_pretrained, save_pretrained
 from rl.task import make_problems
 from rl.tokenizer import CharTokenizer
 from services.rollout_worker.vllm_engine import SamplingConfig, VllmEngine, VllmEngineConfig
-from shared import weights
+from shared import weight_transfer, weights
 
 LONG_TOKENS = 200
 
@@ -43,10 +46,18 @@ async def measure(model_dir: Path, weights_root: Path, repeats: int) -> dict[str
             sampling=SamplingConfig(seed=0, ignore_eos=True),
             kv_cache_memory_bytes=64 << 20,
             max_model_len=256,
+            weight_transfer="gloo",
         )
     )
     await _timed(results, "engine init (start)", engine.start())
     version, path = weights.latest(weights_root) or (0, model_dir)
+    trainer_model = load_pretrained(model_dir)
+    client = weight_transfer.LocalSyncClient([engine], asyncio.get_running_loop(), version=version)
+    await engine.abort_all()
+    pusher = await _timed(results, "join push group (gloo, once)", asyncio.to_thread(
+        weight_transfer.trainer_engine, "gloo", client=client, module=trainer_model, world_size=2,
+        master_address="127.0.0.1", master_port=_free_port()))
+    await engine.resume()
 
     async def batch(tag: str, max_tokens: int) -> list[object]:
         return await asyncio.gather(
@@ -78,6 +89,12 @@ async def measure(model_dir: Path, weights_root: Path, repeats: int) -> dict[str
                 results, "reload weights (in place)", engine.load_weights(version=version, path=str(path))
             )
             await engine.resume()
+            await engine.abort_all()
+            await _timed(results, "push weights (gloo, in memory)",
+                         asyncio.to_thread(pusher.send_weights))  # type: ignore[attr-defined]
+            await _timed(results, "publish a version (filesystem)", asyncio.to_thread(
+                weights.publish, weights_root, version + 1 + r, trainer_model.state_dict(), extra_files=model_dir))
+            await engine.resume()
             await _timed(results, f"sleep ({engine.sleep_mode})", engine.sleep())
             await _timed(results, f"wake ({engine.sleep_mode})", engine.wake())
             await engine.resume()
@@ -86,6 +103,12 @@ async def measure(model_dir: Path, weights_root: Path, repeats: int) -> dict[str
         await engine.close()
         results["close"] = [time.monotonic() - t0]
     return results
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def print_table(results: dict[str, list[float]]) -> None:

@@ -31,6 +31,9 @@ class IllegalReplicaTransition(ValueError):
     """A command that is not legal in the replica's current state."""
 
 
+WEIGHT_ACTIONS = frozenset({"update_weights", "weights_init", "weights_start", "weights_update", "weights_finish"})
+"""Weight loading, legal in every state; the replica's state is unchanged."""
+
 _TRANSITIONS: dict[tuple[ReplicaState, str], ReplicaState] = {
     (ReplicaState.SLEEPING, "wake"): ReplicaState.PAUSED,
     (ReplicaState.SLEEPING, "sleep"): ReplicaState.SLEEPING,
@@ -48,10 +51,10 @@ _TRANSITIONS: dict[tuple[ReplicaState, str], ReplicaState] = {
 
 def transition(state: ReplicaState, action: str) -> ReplicaState:
     """The state after `action`, or IllegalReplicaTransition."""
-    if action == "update_weights":
+    if action in WEIGHT_ACTIONS:
         return state
     next_state = _TRANSITIONS.get((state, action))
     if next_state is None:
-        legal = sorted(a for (s, a) in _TRANSITIONS if s == state) + ["update_weights"]
+        legal = sorted(a for (s, a) in _TRANSITIONS if s == state) + sorted(WEIGHT_ACTIONS)
         raise IllegalReplicaTransition(f"replica cannot {action!r} while {state.value}; legal: {legal}")
     return next_state

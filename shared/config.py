@@ -159,6 +159,13 @@ class RolloutConfig:
     temperature: float = 1.0
     max_model_len: int = 64
     max_num_seqs: int = 128
+    standalone_weight_transport: str = "filesystem"
+    """How standalones get new weights: 'filesystem' (reload a version directory), or a push the
+    trainer drives, falling back to the filesystem if it fails: 'nccl' (CUDA) or 'gloo' (CPU)."""
+    hybrid_weight_transport: str = "filesystem"
+    """Same for hybrids: 'filesystem', 'ipc' (CUDA IPC on the trainer's GPUs) or 'gloo'."""
+    weight_transfer_address: str = "127.0.0.1"
+    """The trainer's address as the workers reach it (nccl/gloo rendezvous)."""
     sim: SimEngineConfig = field(default_factory=SimEngineConfig)
 
     def __post_init__(self) -> None:
@@ -171,6 +178,11 @@ class RolloutConfig:
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
                self.gpu_memory_utilization, "within (0, 1]")
         _check(self.temperature > 0, "rollout.temperature", self.temperature, "> 0")
+        _check(self.standalone_weight_transport in ("filesystem", "nccl", "gloo"),
+               "rollout.standalone_weight_transport", self.standalone_weight_transport,
+               "'filesystem', 'nccl' or 'gloo'")
+        _check(self.hybrid_weight_transport in ("filesystem", "ipc", "gloo"), "rollout.hybrid_weight_transport",
+               self.hybrid_weight_transport, "'filesystem', 'ipc' or 'gloo'")
 
     @property
     def num_standalone_gpus(self) -> int:
@@ -195,6 +207,10 @@ class Config:
         if self.rollout.backend == "vllm" or self.trainer.backend == "torch":
             _check(bool(self.trainer.model_dir), "trainer.model_dir", self.trainer.model_dir,
                    "a model directory (build one with `python -m rl.model build --out DIR`)")
+        for key in ("standalone_weight_transport", "hybrid_weight_transport"):
+            value = getattr(self.rollout, key)
+            _check(value == "filesystem" or (self.rollout.backend == "vllm" and self.trainer.backend == "torch"),
+                   f"rollout.{key}", value, "'filesystem' unless rollout.backend is vllm and trainer.backend torch")
         _check(bool(self.standalone_ids or self.hybrid_ids), "rollout.nnodes", self.rollout.nnodes,
                ">= 1, or use_dynamic_resource_scheduling with hybrid replicas (colocated mode)")
 
@@ -213,6 +229,12 @@ class Config:
     @property
     def only_hybrid(self) -> bool:
         return not self.standalone_ids
+
+    def weight_transport(self, replica_id: str) -> str:
+        """The configured weight transport of a replica ('filesystem' or a push transport)."""
+        if replica_id in self.hybrid_ids:
+            return self.rollout.hybrid_weight_transport
+        return self.rollout.standalone_weight_transport
 
 
 def load_config(path: str | Path) -> Config:

@@ -116,12 +116,15 @@ class Command:
     type: ClassVar[str] = "command"
     command_id: str
     action: str
-    """Worker: abort, resume, sleep, wake, update_weights. LB: add, remove, clear_sticky,
-    inflight. Rollouter: set_active_replicas, reset_staleness, stop."""
+    """Worker: abort, resume, sleep, wake, update_weights (filesystem), and the steps of a weight
+    push the trainer drives: weights_init, weights_start, weights_update, weights_finish. LB: add,
+    remove, clear_sticky, inflight. Rollouter: set_active_replicas, reset_staleness, stop."""
     replica_ids: list[str] = field(default_factory=list)
     version: int = -1
     weights_path: str = ""
     value: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+    """weights_init / weights_update: vLLM's init / update info for this replica."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,7 +145,7 @@ class TrainerEvent:
 
     type: ClassVar[str] = "trainer_event"
     phase: str
-    """micro_step_start, micro_step_done, weights_ready, gpus_released_ack, done."""
+    """micro_step_start, micro_step_done, weights_ready, gpus_released_ack, weights_pushed, done."""
     global_steps: int
     version: int
     weights_path: str = ""
@@ -156,7 +159,8 @@ class TrainerReply:
 
     type: ClassVar[str] = "trainer_reply"
     action: str
-    """gpus_ready (train now), release_gpus (hybrids need the memory), sync_done, stop."""
+    """gpus_ready (train now), release_gpus (hybrids need the memory), push_weights (data:
+    transport, replica_ids), sync_done, stop."""
     global_steps: int
     data: dict[str, Any] = field(default_factory=dict)
 

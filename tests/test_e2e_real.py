@@ -197,6 +197,19 @@ def test_hybrid_replicas_were_activated_and_deactivated(ci_run: RealRun) -> None
     assert hybrid_generated > 0
 
 
+def test_every_weight_sync_was_pushed_over_gloo_and_none_fell_back(ci_run: RealRun) -> None:
+    """configs/real_ci.yaml pushes weights (shared/weight_transfer.py): each sync of the
+    standalone, and of the hybrid when it is activated, is one push the controller audits."""
+    pushes = [e for e in ci_run.audit if e["kind"] == "push"]
+    syncs = [e for e in ci_run.audit if e["kind"] == "command" and e["detail"].startswith("sync_weights")]
+    assert len(pushes) == len(syncs) > ci_run.summary["param_versions"], (len(pushes), len(syncs))
+    assert all(e["detail"].startswith("gloo") and " ok " in e["detail"] for e in pushes), pushes
+    pushed = {(e["version"], e["detail"].split("'")[1]) for e in pushes}
+    versions = range(ci_run.summary["param_versions"] + 1)
+    assert {(v, "standalone_0") for v in versions} <= pushed
+    assert sum(row["weights/push_fallbacks"] for row in ci_run.metrics) == 0
+
+
 def test_reward_rises_from_the_first_third_of_versions_to_the_last(ci_run: RealRun) -> None:
     rewards = ci_run.rewards
     third = len(rewards) // 3
@@ -206,13 +219,16 @@ def test_reward_rises_from_the_first_third_of_versions_to_the_last(ci_run: RealR
 
 def test_dynamic_scheduling_leaves_the_reward_curve_within_noise_of_static(
         ci_run: RealRun, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The same seeded run under static_fully_async (hybrid never generates) agrees with the default
-    policy's run: window means and smoothed curves within bench.fidelity's noise tolerances."""
+    """The same seeded run under static_fully_async (hybrid never generates), with weights reloaded
+    from the filesystem instead of pushed, agrees with the default policy's run: window means and
+    smoothed curves within bench.fidelity's noise tolerances."""
     from bench.fidelity import compare
 
     base = tmp_path_factory.mktemp("real_ci_static")
     config_path = write_run_config(CI_CONFIG, base / "static.yaml", model_dir=model_dir, work_dir=base / "work",
-                                   overrides={"async_training": {"dynamic_schedule_policy": "static_fully_async"}})
+                                   overrides={"async_training": {"dynamic_schedule_policy": "static_fully_async"},
+                                              "rollout": {"standalone_weight_transport": "filesystem",
+                                                          "hybrid_weight_transport": "filesystem"}})
     static = launch(config_path, base / "out")
     assert static.summary["switches"]["activations"] == 0
     assert static.summary["samples"]["lost"] == 0

@@ -262,3 +262,27 @@ async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_req
     counts = await stack.accounting()
     assert counts["trained"] == 96 and counts["lost"] == 0
     assert [e for e in await stack.audit() if e.kind == "lb" and e.detail == "dead standalone_0"]
+
+
+async def test_a_weight_push_that_fails_falls_back_to_the_filesystem_and_the_run_loses_nothing(redis_server):
+    """The sim trainer cannot push, so every push the controller asks for fails: each sync must
+    still reach every replica (through update_weights) and training must finish."""
+    stack = Stack(sim_config(), redis_server.url)
+    await stack.start(without=("controller",))
+    controller = stack.start_controller()  # its task has not run yet: configure before the first sync
+    controller.executor.transports = dict.fromkeys(stack.config.standalone_ids + stack.config.hybrid_ids, "gloo")
+    try:
+        await stack.wait_done(timeout_s=90)
+        states = await stack.buses[0].redis.hgetall(stack.names.replica_states)
+    finally:
+        await stack.close()
+    counts = await stack.accounting()
+    assert counts["trained"] == counts["fed"] == 64 and counts["lost"] == 0
+    events = await stack.audit()
+    pushes = [e for e in events if e.kind == "push"]
+    syncs = [e for e in events if e.kind == "command" and e.detail.startswith("sync_weights")]
+    assert pushes and len(pushes) == len(syncs)
+    assert all("failed: ValueError" in e.detail for e in pushes)
+    final = stack.config.data.total_rollout_steps // 8  # versions: 64 prompts / (4 x 2) per version
+    standalone = {k.decode(): v.decode() for k, v in states.items() if k.startswith(b"standalone")}
+    assert standalone == {r: f"serving:{final}" for r in stack.config.standalone_ids}

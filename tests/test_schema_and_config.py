@@ -36,6 +36,8 @@ MESSAGES = [
     GenerateResult(request_id="r/0", sample_id="r", replica_id="h", token_ids=[1], logprobs=[-1.0],
                    finish_reason="abort", weight_version=4, attempt=1),
     Command(command_id="c", action="update_weights", replica_ids=["a", "b"], version=3, weights_path="/w"),
+    Command(command_id="p", action="weights_update", version=3,
+            data={"names": ["lm_head.weight"], "dtype_names": ["float32"], "shapes": [[32, 128]]}),
     CommandAck(command_id="c", sender="a", ok=False, error="nope", data={"state": "paused"}),
     TrainerEvent(phase="micro_step_done", global_steps=4, version=1, data={"timing_s/step": 1.0}),
     TrainerReply(action="sync_done", global_steps=4),
@@ -82,6 +84,9 @@ def minimal(**overrides: dict) -> dict:
     ({"rollout": {"nnodes": 0}}, "colocated mode"),
     ({"rollout": {"backend": "vllm"}}, "trainer.model_dir"),
     ({"trainer": {"use_dynamic_resource_scheduling": True}}, "unknown key"),
+    ({"rollout": {"standalone_weight_transport": "ipc"}}, "standalone_weight_transport='ipc'"),
+    ({"rollout": {"hybrid_weight_transport": "nccl"}}, "hybrid_weight_transport='nccl'"),
+    ({"rollout": {"standalone_weight_transport": "gloo"}}, "'filesystem' unless rollout.backend is vllm"),
 ])
 def test_bad_config_values_name_the_key_and_the_value(overrides, complaint):
     with pytest.raises(ValueError, match=complaint):
@@ -95,3 +100,12 @@ def test_hybrid_replicas_come_from_trainer_gpus_only_with_dynamic_scheduling():
     assert static.hybrid_ids == ()
     assert dynamic.hybrid_ids == ("hybrid_0", "hybrid_1")
     assert dynamic.standalone_ids == ("standalone_0",)
+
+
+def test_each_replica_gets_the_weight_transport_of_its_kind():
+    config = config_from_dict(minimal(
+        trainer={"num_gpus": 8, "backend": "torch", "model_dir": "m"},
+        async_training={"use_dynamic_resource_scheduling": True},
+        rollout={"backend": "vllm", "standalone_weight_transport": "nccl", "hybrid_weight_transport": "ipc"}))
+    assert config.weight_transport("standalone_0") == "nccl"
+    assert config.weight_transport("hybrid_0") == "ipc"

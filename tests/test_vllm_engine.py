@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from rl.model import ModelConfig, TinyLlama, init_model, load_pretrained, save_pretrained  # noqa: E402
 from rl.tokenizer import CharTokenizer  # noqa: E402
 from services.rollout_worker.vllm_engine import SamplingConfig, VllmEngine, VllmEngineConfig  # noqa: E402
-from shared import weights  # noqa: E402
+from shared import weight_transfer, weights  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm,
@@ -77,6 +77,7 @@ def _config(model_dir: Path, seed: int) -> VllmEngineConfig:
         kv_cache_memory_bytes=32 << 20,
         max_model_len=MAX_MODEL_LEN,
         max_num_seqs=16,
+        weight_transfer="gloo",
     )
 
 
@@ -186,3 +187,36 @@ async def test_emulated_sleep_rejects_work_and_wake_plus_resume_restores_it(engi
     out = await first.generate(request_id="s1", prompt_token_ids=PROMPT, max_tokens=4)
     assert out.finish_reason == "length" and len(out.token_ids) == 4
     assert {"start_s", "abort_s", "sleep_s", "wake_s", "resume_s"} <= first.timings.keys()
+
+
+async def test_a_gloo_push_replaces_the_weights_of_two_replicas_at_once(engines) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    pushed = _peaky_model(seed=7)
+    client = weight_transfer.LocalSyncClient(engines, asyncio.get_running_loop(), version=5)
+    for engine in engines:
+        await engine.abort_all()
+    trainer = await asyncio.to_thread(weight_transfer.trainer_engine, "gloo", client=client, module=pushed,
+                                      world_size=3, master_address="127.0.0.1", master_port=port)
+    await asyncio.to_thread(trainer.send_weights)
+    for i, engine in enumerate(engines):
+        assert engine.version == 5
+        await engine.resume()
+        out = await engine.generate(request_id=f"push{i}", prompt_token_ids=PROMPT, max_tokens=8)
+        assert out.logprobs == pytest.approx(_torch_logprobs(pushed, PROMPT, out.token_ids), abs=2e-3)
+    # The group stays: a second round reuses it (what the trainer does every version).
+    with torch.no_grad():
+        pushed.lm_head.weight.mul_(-1.0)
+    client.version = 6
+    for engine in engines:
+        await engine.abort_all()
+    await asyncio.to_thread(trainer.send_weights)
+    for i, engine in enumerate(engines):
+        await engine.resume()
+        out = await engine.generate(request_id=f"again{i}", prompt_token_ids=PROMPT, max_tokens=8)
+        assert engine.version == 6
+        assert out.logprobs == pytest.approx(_torch_logprobs(pushed, PROMPT, out.token_ids), abs=2e-3)
+    trainer.shutdown()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from core import controller as cc
-from services.controller.rpc import CommandClient
 from shared.bus import Bus, text
 from shared.names import TRAINER_GROUP
+from shared.rpc import CommandClient
 from shared.streams import group_lag
 
 log = logging.getLogger(__name__)
@@ -33,25 +34,40 @@ class ExecutionReport:
     switch_s: float = 0.0
     """Time in lifecycle commands (remove/abort/sleep or wake/sync-hybrids/add/resume/rebalance)."""
     standalone_sync_s: float = 0.0
+    trainer_release_s: float = 0.0
+    """Time the trainer took to offload before the hybrids woke (not part of switch_s)."""
+    pushes: int = 0
+    push_fallbacks: int = 0
     rollouter_report: dict[str, Any] = field(default_factory=dict)
+
+
+Push = Callable[[tuple[str, ...], int, str], Awaitable[bool]]
 
 
 class Executor:
     def __init__(self, *, bus: Bus, rpc: CommandClient, standalone_ids: tuple[str, ...],
-                 weights_path: str = "", force_event: asyncio.Event | None = None) -> None:
+                 weights_path: str = "", force_event: asyncio.Event | None = None,
+                 transports: dict[str, str] | None = None) -> None:
         self.bus = bus
         self.rpc = rpc
         self.standalone_ids = standalone_ids
         self.weights_path = weights_path
+        self.transports = transports or {}
+        """replica id -> its push transport; absent: filesystem only."""
         self.serving_hybrids: tuple[str, ...] = ()
         self.force_event = force_event or asyncio.Event()
+        self.release_trainer: Callable[[], Awaitable[None]] | None = None
+        """Set for an activation: asks the trainer to offload; run once, just before the wake."""
+        self.push: Push | None = None
+        """Set for a sync: asks the trainer to push (replica ids, version, transport); True if it did."""
 
     async def execute(self, commands: list[cc.Command]) -> ExecutionReport:
         report = ExecutionReport()
         for command in commands:
             started = time.monotonic()
+            released_before = report.trainer_release_s
             await self._run(command, report)
-            elapsed = time.monotonic() - started
+            elapsed = time.monotonic() - started - (report.trainer_release_s - released_before)
             if isinstance(command, cc.WaitForSamples):
                 report.wait_for_enough_samples_s += elapsed
             elif isinstance(command, cc.SyncWeights) and command.replica_ids == self.standalone_ids:
@@ -76,10 +92,14 @@ class Executor:
         elif isinstance(command, cc.AbortReplicas | cc.SleepReplicas | cc.WakeReplicas | cc.ResumeReplicas):
             action = {cc.AbortReplicas: "abort", cc.SleepReplicas: "sleep", cc.WakeReplicas: "wake",
                       cc.ResumeReplicas: "resume"}[type(command)]
+            if isinstance(command, cc.WakeReplicas) and self.release_trainer is not None:
+                release, self.release_trainer = self.release_trainer, None
+                started = time.monotonic()
+                await release()  # after the standalone sync, so a push there reads GPU-resident weights
+                report.trainer_release_s += time.monotonic() - started
             await self._workers(command.replica_ids, action)
         elif isinstance(command, cc.SyncWeights):
-            await self._workers(command.replica_ids, "update_weights", version=command.version,
-                                weights_path=self.weights_path)
+            await self.sync_weights(command.replica_ids, command.version, report)
         elif isinstance(command, cc.Rebalance):
             await self.rebalance()
         elif isinstance(command, cc.ResetStaleness):
@@ -87,6 +107,25 @@ class Executor:
             report.rollouter_report = dict(ack.data)
         else:
             raise AssertionError(f"unhandled command {command!r}")
+
+    async def sync_weights(self, replica_ids: tuple[str, ...], version: int, report: ExecutionReport) -> None:
+        """Push when these replicas have a push transport and all are alive; otherwise, or when
+        the push fails, every replica reloads `version` from the filesystem."""
+        transports = {self.transports.get(r, "") for r in replica_ids}
+        transport = transports.pop() if len(transports) == 1 else ""
+        if transport and self.push is not None and await self._all_alive(replica_ids):
+            report.pushes += 1
+            if await self.push(replica_ids, version, transport):
+                return
+            report.push_fallbacks += 1
+            log.warning("%s push of v%d to %s failed: falling back to the filesystem", transport, version,
+                        list(replica_ids))
+        await self._workers(replica_ids, "update_weights", version=version, weights_path=self.weights_path)
+
+    async def _all_alive(self, replica_ids: tuple[str, ...]) -> bool:
+        names = self.bus.names
+        return bool(replica_ids) and all(await asyncio.gather(
+            *(self.bus.redis.exists(names.heartbeat(f"worker:{r}")) for r in replica_ids)))
 
     async def _workers(self, replica_ids: tuple[str, ...], action: str, **fields: object) -> None:
         """Send to every replica; wait for the acks of live ones only. A replica whose heartbeat

@@ -27,10 +27,10 @@ from core.controller import ControllerCore, Mode
 from core.metrics import CycleAggregator
 from policies import DynamicScheduleContext, build_policy, load_policy_module
 from services.controller.executor import ExecutionReport, Executor
-from services.controller.rpc import CommandClient
 from shared.bus import Bus, Subscription, text
 from shared.config import Config
 from shared.names import CONTROLLER_GROUP
+from shared.rpc import CommandClient
 from shared.schema import CycleMetrics, TrainerEvent, TrainerReply
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,10 @@ class Controller:
         self.core = build_core(config)
         self.rpc = CommandClient(bus)
         self.force_deactivate_now = asyncio.Event()
+        transports = {r: config.weight_transport(r) for r in config.standalone_ids + config.hybrid_ids}
         self.executor = Executor(bus=bus, rpc=self.rpc, standalone_ids=config.standalone_ids,
-                                 force_event=self.force_deactivate_now)
+                                 force_event=self.force_deactivate_now,
+                                 transports={r: t for r, t in transports.items() if t != "filesystem"})
         self.aggregator = CycleAggregator()
         self.last_event: dict[str, Any] = {}
         self.cycle_report: dict[str, float] = {}
@@ -193,8 +195,12 @@ class Controller:
         self.executor.weights_path = event.weights_path
         activating = self.core.mode is Mode.ACTIVATING
         if activating and self.core.hybrid_ids:
-            await self._take_trainer_gpus(event, events)
-        report: ExecutionReport = await self.executor.execute(commands)
+            self.executor.release_trainer = lambda: self._take_trainer_gpus(event, events)
+        self.executor.push = lambda ids, version, transport: self._push(event, events, ids, version, transport)
+        try:
+            report: ExecutionReport = await self.executor.execute(commands)
+        finally:
+            self.executor.release_trainer = self.executor.push = None
         if activating:
             self.core.finish_activate(report.switch_s)
             await self.bus.audit(kind="switch", subject="controller", detail="activated", version=event.version)
@@ -203,6 +209,9 @@ class Controller:
             **{k: float(v) for k, v in report.rollouter_report.items()},
             "timing_s/activate": report.switch_s if activating else 0.0,
             "timing_s/standalone_sync": report.standalone_sync_s,
+            "timing_s/trainer_release": report.trainer_release_s,
+            "weights/pushes": float(report.pushes),
+            "weights/push_fallbacks": float(report.push_fallbacks),
         }
         return {"activated": activating, "param_sync_s": report.standalone_sync_s + report.switch_s}
 
@@ -215,6 +224,23 @@ class Controller:
                 await events.ack(entry_id)
                 if isinstance(message, TrainerEvent) and message.phase == "gpus_released_ack":
                     return
+
+    async def _push(self, event: TrainerEvent, events: Subscription, replica_ids: tuple[str, ...],
+                    version: int, transport: str) -> bool:
+        """Ask the trainer to push `version` to `replica_ids` and wait for its report."""
+        await self.bus.publish(self.bus.names.trainer_replies, TrainerReply(
+            action="push_weights", global_steps=event.global_steps,
+            data={"replica_ids": list(replica_ids), "version": version, "transport": transport}))
+        while True:
+            for entry_id, message in await events.read(count=1, block_ms=200):
+                await events.ack(entry_id)
+                if (isinstance(message, TrainerEvent) and message.phase == "weights_pushed"
+                        and message.data.get("replica_ids") == list(replica_ids) and message.version == version):
+                    ok = bool(message.data.get("ok"))
+                    await self.bus.audit(kind="push", subject="controller", version=version, detail=(
+                        f"{transport} {list(replica_ids)} {'ok' if ok else 'failed: ' + str(message.data.get('error'))}"
+                        f" {float(message.data.get('push_s', 0.0)):.3f}s"))
+                    return ok
 
     async def _on_micro_step_done(self, event: TrainerEvent) -> None:
         self.aggregator.add(event.data)

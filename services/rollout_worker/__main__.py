@@ -23,7 +23,9 @@ def build_engine(config: Config, replica_id: str) -> Engine:
         return VllmEngine(VllmEngineConfig(
             model_path=config.trainer.model_dir, gpu_memory_utilization=rollout.gpu_memory_utilization,
             sampling=SamplingConfig(temperature=rollout.temperature, seed=config.run.seed),
-            max_model_len=rollout.max_model_len, max_num_seqs=rollout.max_num_seqs, seed=config.run.seed))
+            max_model_len=rollout.max_model_len, max_num_seqs=rollout.max_num_seqs, seed=config.run.seed,
+            tensor_parallel_size=rollout.tensor_model_parallel_size,
+            weight_transfer="" if (t := config.weight_transport(replica_id)) == "filesystem" else t))
     from services.rollout_worker.sim_engine import SimEngine
 
     return SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,

@@ -7,7 +7,7 @@ Backends: `sim_engine.SimEngine` (timing model of a GPU replica) and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,5 +35,8 @@ class Engine(Protocol):
     async def wake(self) -> None: ...
 
     async def load_weights(self, *, version: int, path: str | None) -> None: ...
+
+    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+        """One step (init, start, update, finish) of a weight push the trainer drives."""
 
     async def close(self) -> None: ...

@@ -20,6 +20,7 @@ import asyncio
 import random
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.rollout_worker.engine import EngineOutput
 from shared.config import SimEngineConfig
@@ -98,6 +99,9 @@ class SimEngine:
     async def load_weights(self, *, version: int, path: str | None) -> None:
         await asyncio.sleep(self.config.weight_sync_s * self.time_scale)
         self.version = version
+
+    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+        raise ValueError("the sim engine has no push weight transport (config validation forbids it)")
 
     def _target_length(self, request_id: str) -> int:
         lengths = self.config.response_length

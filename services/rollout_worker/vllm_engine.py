@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -73,9 +74,13 @@ class VllmEngineConfig:
     """If set, overrides gpu_memory_utilization for the KV cache size."""
     max_model_len: int = 64
     max_num_seqs: int = 64
+    tensor_parallel_size: int = 1
     enforce_eager: bool = True
     dtype: str = "float32"
     seed: int = 0
+    weight_transfer: str = ""
+    """A push backend of vLLM's weight-transfer API ('nccl', 'ipc', 'gloo'; shared/weight_transfer.py)
+    the trainer may drive through `transfer`; empty: filesystem reloads only."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -104,14 +109,19 @@ class VllmEngine:
         """Last duration in seconds of start/abort/resume/sleep/wake/load_weights."""
         self._llm: Any = None
         self._inflight: set[str] = set()
+        self._push_open = False
         self._counter = itertools.count()
 
     async def start(self) -> None:
+        from vllm.config.weight_transfer import WeightTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         t0 = time.monotonic()
         cuda = _on_cuda()
+        if self.config.weight_transfer == "ipc":  # IPC handles travel pickled (trusted Redis only)
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        transfer = WeightTransferConfig(backend=self.config.weight_transfer) if self.config.weight_transfer else None
         self.sleep_mode = "cuda" if cuda else "emulated"
         args = AsyncEngineArgs(
             model=self.config.model_path,
@@ -119,12 +129,14 @@ class VllmEngine:
             enforce_eager=self.config.enforce_eager,
             max_model_len=self.config.max_model_len,
             max_num_seqs=self.config.max_num_seqs,
+            tensor_parallel_size=self.config.tensor_parallel_size,
             gpu_memory_utilization=self.config.gpu_memory_utilization,
             kv_cache_memory_bytes=self.config.kv_cache_memory_bytes,
             enable_sleep_mode=cuda,
             logprobs_mode="processed_logprobs",
             seed=self.config.seed,
             enable_prefix_caching=True,
+            weight_transfer_config=transfer,
         )
         self._llm = AsyncLLM.from_engine_args(args)
         self.timings["start_s"] = time.monotonic() - t0
@@ -254,3 +266,36 @@ class VllmEngine:
         self.version = version
         self.timings["load_weights_s"] = time.monotonic() - t0
         log.info("loaded weights v%d from %s in %.2fs", version, path, self.timings["load_weights_s"])
+
+    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+        """One step of a trainer-driven push (shared/weight_transfer.py) through vLLM's API:
+        'init' (join the trainer's group), 'start', 'update' (receive a chunk), 'finish'.
+
+        Call start..finish while paused, as for `load_weights`. A push that died between
+        start and finish left vLLM's update session open: a new start closes it first.
+        """
+        from vllm.distributed.weight_transfer.base import (
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
+
+        assert self._llm is not None, "transfer() before start()"
+        t0 = time.monotonic()
+        if step == "init":
+            await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+        elif step == "start":
+            if self._push_open:
+                log.warning("closing a weight push that never finished")
+                await self._llm.finish_weight_update()
+            await self._llm.start_weight_update()
+            self._push_open = True
+        elif step == "update":
+            await self._llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+        elif step == "finish":
+            await self._llm.finish_weight_update()
+            self._push_open = False
+            await self._llm.reset_prefix_cache()
+            self.version = version
+        else:
+            raise ValueError(f"unknown weight transfer step {step!r}")
+        self.timings[f"transfer_{step}_s"] = time.monotonic() - t0

@@ -41,6 +41,7 @@ class RolloutWorker:
         self.engine = engine
         self.state = initial_state
         self.version = 0
+        self._resume_after_push = False
         self._inflight: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -133,6 +134,7 @@ class RolloutWorker:
             if self.state is ReplicaState.SLEEPING:
                 await self.engine.wake()
         elif action == "update_weights":
+            self._resume_after_push = False  # the fallback after a failed push resumes below
             serving = self.state is ReplicaState.SERVING
             if serving:
                 await self.engine.abort_all()
@@ -140,8 +142,27 @@ class RolloutWorker:
             self.version = command.version
             if serving:
                 await self.engine.resume()
+        elif action.startswith("weights_"):
+            await self._push_step(command)
         else:
             raise ValueError(f"unknown worker action {action!r}")
+
+    async def _push_step(self, command: Command) -> None:
+        """A step of the trainer's weight push; a SERVING replica is paused from start to finish.
+        A failure is acked as not ok (the controller then falls back to the filesystem)."""
+        step = command.action.removeprefix("weights_")
+        if step == "start" and self.state is ReplicaState.SERVING:
+            await self.engine.abort_all()
+            self._resume_after_push = True
+        try:
+            await self.engine.transfer(step, command.data, version=command.version)
+        except Exception as exc:
+            raise ValueError(f"weight push {step} failed: {type(exc).__name__}: {exc}") from exc
+        if step == "finish":
+            self.version = command.version
+            if self._resume_after_push:
+                self._resume_after_push = False
+                await self.engine.resume()
 
     async def _publish_state(self, reason: str) -> None:
         names = self.bus.names

@@ -34,14 +34,17 @@ from core.metrics import (
     stale_trajectory_count,
     train_compute_time_s,
 )
+from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus, Subscription, text
 from shared.config import Config
 from shared.names import TRAINER_GROUP
+from shared.rpc import CommandClient
 from shared.schema import MalformedMessage, Sample, TrainerEvent, TrainerReply, decode
 from shared.streams import StreamConsumer, group_lag
 
 log = logging.getLogger(__name__)
 CONSUMER = "trainer"
+PUSH_CALL_TIMEOUT_S = 300.0
 
 
 class TrainerBackend(Protocol):
@@ -56,6 +59,9 @@ class TrainerBackend(Protocol):
     def save_checkpoint(self, version: int) -> object: ...
 
     def resume_latest(self) -> int | None: ...
+
+    def push_weights(self, transport: str, client: Any) -> None:
+        """Push the current weights to the replicas behind `client` (a StreamSyncClient)."""
 
 
 async def claim_run_id(bus: Bus) -> str:
@@ -81,6 +87,7 @@ class Trainer:
         self.global_steps = 1
         self.version = 0
         self.stale_trajectories = 0
+        self._rpc: CommandClient | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """1. restore progress; 2. initial sync at v0; 3. micro-steps until the configured total;
@@ -113,6 +120,8 @@ class Trainer:
         finally:
             await replies.close()
             await mq.aclose()
+            if self._rpc is not None:
+                await self._rpc.close()
 
     async def _micro_step(self, replies: Subscription, mq: StreamConsumer, stop: asyncio.Event) -> None:
         """One fit step (reference 1.3): handshake, collect, train, ack, maybe sync, report."""
@@ -220,6 +229,31 @@ class Trainer:
             phase="weights_ready", global_steps=global_steps, version=self.version, weights_path=path or ""))
         await self._await_reply(replies, stop, action="sync_done", global_steps=global_steps)
 
+    async def _push(self, message: TrainerReply) -> None:
+        """Run the push the controller asked for and report it; on failure the controller falls
+        back to the filesystem copy this version already has."""
+        transport = str(message.data.get("transport", ""))
+        replica_ids = [str(r) for r in message.data.get("replica_ids", [])]
+        started = time.monotonic()
+        error = ""
+        try:
+            if message.data.get("version") != self.version:
+                raise ValueError(f"asked to push v{message.data.get('version')} but holds v{self.version}")
+            if self._rpc is None:
+                self._rpc = CommandClient(self.bus, timeout_s=PUSH_CALL_TIMEOUT_S, max_attempts=1)
+                await self._rpc.start()
+            client = StreamSyncClient(rpc=self._rpc, names=self.bus.names, loop=asyncio.get_running_loop(),
+                                      replica_ids=replica_ids, version=self.version,
+                                      replica_world_size=self.config.rollout.tensor_model_parallel_size)
+            await asyncio.to_thread(self.backend.push_weights, transport, client)
+        except Exception as exc:  # reported, not raised: the sync goes on through the filesystem
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("%s push of v%d to %s failed: %s", transport, self.version, replica_ids, error)
+        await self.bus.publish(self.bus.names.trainer_events, TrainerEvent(
+            phase="weights_pushed", global_steps=message.global_steps, version=self.version,
+            data={"ok": not error, "error": error, "transport": transport, "replica_ids": replica_ids,
+                  "push_s": time.monotonic() - started}))
+
     async def _await_reply(self, replies: Subscription, stop: asyncio.Event, *, action: str,
                            global_steps: int) -> TrainerReply:
         """Wait for the controller's `action` for this step; serve release_gpus requests meanwhile."""
@@ -236,5 +270,7 @@ class Trainer:
                     await asyncio.to_thread(self.backend.release_gpu)
                     await self.bus.publish(self.bus.names.trainer_events, TrainerEvent(
                         phase="gpus_released_ack", global_steps=message.global_steps, version=self.version))
+                elif message.action == "push_weights":
+                    await self._push(message)
                 elif message.action == action and message.global_steps == global_steps:
                     return message

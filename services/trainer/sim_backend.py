@@ -50,3 +50,6 @@ class SimTrainer:
         if not self.on_gpu:
             time.sleep(self.offload_s * self.time_scale)
             self.on_gpu = True
+
+    def push_weights(self, transport: str, client: object) -> None:
+        raise ValueError("the sim trainer has no push weight transport (config validation forbids it)")

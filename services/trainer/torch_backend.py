@@ -19,7 +19,10 @@ does, timed under the original's keys:
 `shared/weights.py`, so vLLM's `reload_weights` loads them. Checkpoints are indexed by param
 version (model + optimizer + version) and `resume_latest()` restores the newest.
 `release_gpu()`/`acquire_gpu()` move params, grads and optimizer state off and back on CUDA
-so co-located hybrid replicas can use the memory; on CPU they only log.
+so co-located hybrid replicas can use the memory; on CPU they only log. `push_weights` sends the
+params straight to running vLLM replicas (shared/weight_transfer.py: nccl, ipc, gloo), keeping
+one vLLM trainer-side engine per (transport, replica set); a failed push drops it, so the next
+push forms the group anew.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +40,7 @@ from typing import Any, Protocol
 import torch
 
 from rl.model import load_pretrained, pack_batch, token_logprobs
-from shared import weights
+from shared import weight_transfer, weights
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,8 @@ class GRPOConfig:
     keep_checkpoints: int = 2
     device: str = "auto"
     """'auto' picks cuda when available, else cpu."""
+    transfer_address: str = "127.0.0.1"
+    """Where the workers reach this trainer for a push rendezvous (nccl, gloo)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -146,6 +152,7 @@ class TorchGRPOTrainer:
         self.version = 0
         self.num_updates = 0
         self.on_gpu = self.device.type == "cuda"
+        self._push_engines: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     # -- TrainerBackend ---------------------------------------------------------------
 
@@ -232,6 +239,27 @@ class TorchGRPOTrainer:
         self.version = version
         return str(path)
 
+    def push_weights(self, transport: str, client: Any) -> None:
+        """Send the current params to the replicas behind `client` through vLLM's transfer engine."""
+        key = (transport, tuple(client.replica_ids))
+        try:
+            engine = self._push_engines.get(key)
+            if engine is None:
+                world_size = 1 + len(client.replica_ids) * client.replica_world_size  # trainer = rank 0
+                engine = weight_transfer.trainer_engine(
+                    transport, client=client, module=self.model, world_size=world_size,
+                    master_address=self.config.transfer_address, master_port=_free_port())
+                self._push_engines[key] = engine
+            engine.client = client  # this push's version
+            t0 = time.monotonic()
+            engine.send_weights()
+            log.info("pushed weights to %s over %s in %.3fs", list(key[1]), transport, time.monotonic() - t0)
+        except BaseException:
+            dropped = self._push_engines.pop(key, None)
+            if dropped is not None:
+                dropped.shutdown()
+            raise
+
     def release_gpu(self) -> None:
         """Move params, grads and optimizer state to CPU and free the CUDA cache."""
         if self.device.type != "cuda":
@@ -303,3 +331,9 @@ class TorchGRPOTrainer:
         self.num_updates = int(payload["num_updates"])
         log.info("resumed trainer from %s (version %d)", path, self.version)
         return self.version
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])

@@ -1,6 +1,6 @@
 """Controller -> peer commands over streams, with acknowledgements.
 
-Where it sits: the controller's executor sends a `Command` to a worker's,
+Where it sits: the controller's executor (and the trainer, for a weight push) sends a `Command` to a worker's,
 the load balancer's or the rollouter's command stream and awaits the
 matching `CommandAck` from `controller_acks`. Commands are idempotent, so a
 command whose ack does not come within `timeout_s` is sent again (a peer

@@ -1,0 +1,63 @@
+"""The trainer's end of a weight push: vLLM's weight-sync client over worker command streams.
+
+Where it sits: when the controller asks for a push (TrainerReply `push_weights`), the trainer
+runs vLLM's trainer-side transfer engine (shared/weight_transfer.py) in a thread; the engine
+drives the inference side through a client with four calls (vLLM's `VLLMWeightSyncClient`).
+This client sends each call as a command to every target worker (`weights_init`,
+`weights_start`, `weights_update`, `weights_finish`) and returns when all have acked, so the
+order vLLM's engine relies on holds (e.g. every worker has started before any update).
+
+The commands go out on the trainer's event loop; the calls block the transfer thread only.
+A call is sent once (not retried: a resent update would wait for a broadcast that never
+comes); a worker that fails or does not answer within the timeout fails the push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from shared.names import Names
+from shared.rpc import CommandClient
+from shared.weight_transfer import init_info_for, wire_safe
+
+
+class StreamSyncClient:
+    """vLLM's VLLMWeightSyncClient for the replicas `replica_ids`, pushing weights `version`."""
+
+    def __init__(self, *, rpc: CommandClient, names: Names, loop: asyncio.AbstractEventLoop,
+                 replica_ids: list[str], version: int, replica_world_size: int = 1,
+                 timeout_s: float = 300.0) -> None:
+        self.rpc = rpc
+        self.names = names
+        self.loop = loop
+        self.replica_ids = list(replica_ids)
+        self.version = version
+        self.replica_world_size = replica_world_size
+        self.timeout_s = timeout_s
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._call("weights_init", [init_info_for(init_info, i, self.replica_world_size)
+                                    for i in range(len(self.replica_ids))])
+
+    def start_weight_update(self) -> None:
+        self._call("weights_start", [{} for _ in self.replica_ids])
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        if isinstance(update_info, list):
+            raise ValueError("per-rank update payloads are not supported; one payload for all replicas")
+        payload = wire_safe(update_info)
+        self._call("weights_update", [payload for _ in self.replica_ids])
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._call("weights_finish", [{} for _ in self.replica_ids])
+
+    def _call(self, action: str, payloads: list[dict[str, Any]]) -> None:
+        """Called from the transfer thread: run the fan-out on the loop, block until it is done."""
+        asyncio.run_coroutine_threadsafe(self._fan_out(action, payloads), self.loop).result()
+
+    async def _fan_out(self, action: str, payloads: list[dict[str, Any]]) -> None:
+        async with asyncio.timeout(self.timeout_s):
+            await asyncio.gather(*(
+                self.rpc.call(self.names.worker_commands(replica_id), action, version=self.version, data=payload)
+                for replica_id, payload in zip(self.replica_ids, payloads, strict=True)))
