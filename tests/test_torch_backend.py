@@ -211,3 +211,53 @@ def test_release_and_acquire_are_no_ops_on_cpu(tmp_path: Path) -> None:
     trainer.release_gpu()
     trainer.acquire_gpu()
     assert next(trainer.model.parameters()).device.type == "cpu"
+
+
+class _GlooReceiver:
+    """The worker end of a gloo push without vLLM: joins the trainer's group, keeps what arrives."""
+
+    def __init__(self, incarnation: str) -> None:
+        self.replica_ids = ["standalone_0"]
+        self.replica_world_size = 1
+        self.incarnations = (incarnation,)
+        self.joins = 0
+        self.received: dict[str, torch.Tensor] = {}
+        self.group: object = None
+
+    def init_weight_transfer_engine(self, info: dict) -> None:
+        from shared.weight_transfer import GlooCommunicator
+
+        self.group = GlooCommunicator(master_address=info["master_address"], master_port=info["master_port"],
+                                      rank=info["rank_offset"], world_size=info["world_size"])
+        self.joins += 1
+
+    def start_weight_update(self) -> None:
+        self.received = {}
+
+    def update_weights(self, info: dict) -> None:
+        for name, dtype, shape in zip(info["names"], info["dtype_names"], info["shapes"], strict=True):
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+            self.group.broadcast(tensor, src=0)  # type: ignore[attr-defined]
+            self.received[name] = tensor
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        pass
+
+
+def test_a_gloo_push_sends_every_param_and_reforms_the_group_only_when_a_replica_restarted(
+        tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    trainer = _trainer(tmp_path)
+    receiver = _GlooReceiver(incarnation="first")
+    trainer.push_weights("gloo", receiver)
+    params = dict(trainer.model.named_parameters())
+    assert receiver.received.keys() == params.keys()
+    assert all(torch.equal(receiver.received[k], p.detach()) for k, p in params.items())
+    with torch.no_grad():
+        trainer.model.lm_head.weight.add_(1.0)
+    trainer.push_weights("gloo", receiver)  # same worker processes: the group is reused
+    assert receiver.joins == 1
+    assert torch.equal(receiver.received["lm_head.weight"], trainer.model.lm_head.weight.detach())
+    receiver.incarnations = ("restarted",)
+    trainer.push_weights("gloo", receiver)
+    assert receiver.joins == 2

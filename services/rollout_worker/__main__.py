@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import uuid
 
 from core.replica import ReplicaState
 from services.rollout_worker.engine import Engine
@@ -40,14 +41,16 @@ def main(argv: list[str] | None = None) -> None:
     config, names = load(args)
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
-        for replica_id in args.replica_id:  # alive while the engine starts (vLLM takes tens of seconds)
-            await bus.redis.set(names.heartbeat(f"worker:{replica_id}"), "starting", ex=STARTUP_TTL_S)
+        incarnations = {replica_id: uuid.uuid4().hex[:12] for replica_id in args.replica_id}
+        for replica_id, incarnation in incarnations.items():  # alive while the engine starts (vLLM: tens of s)
+            await bus.redis.set(names.heartbeat(f"worker:{replica_id}"), incarnation, ex=STARTUP_TTL_S)
         workers = []
         for replica_id in args.replica_id:
             engine = build_engine(config, replica_id)
             await engine.start()
             initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
-            workers.append(RolloutWorker(bus=bus, replica_id=replica_id, engine=engine, initial_state=initial))
+            workers.append(RolloutWorker(bus=bus, replica_id=replica_id, engine=engine, initial_state=initial,
+                                         incarnation=incarnations[replica_id]))
         try:
             await asyncio.gather(*(worker.run(stop) for worker in workers))
         finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any
 
 from core.replica import ReplicaState, transition
@@ -35,9 +36,13 @@ log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    def __init__(self, *, bus: Bus, replica_id: str, engine: Engine, initial_state: ReplicaState) -> None:
+    def __init__(self, *, bus: Bus, replica_id: str, engine: Engine, initial_state: ReplicaState,
+                 incarnation: str = "") -> None:
         self.bus = bus
         self.replica_id = replica_id
+        self.incarnation = incarnation or uuid.uuid4().hex[:12]
+        """This process's identity, the heartbeat's value: a new one tells the trainer that a
+        replica restarted and lost its end of a weight-push group."""
         self.engine = engine
         self.state = initial_state
         self.version = 0
@@ -173,5 +178,5 @@ class RolloutWorker:
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         key = self.bus.names.heartbeat(f"worker:{self.replica_id}")
         while not stop.is_set():
-            await self.bus.redis.set(key, str(time.time()), ex=HEARTBEAT_TTL_S)
+            await self.bus.redis.set(key, self.incarnation, ex=HEARTBEAT_TTL_S)
             await sleep_unless(stop, HEARTBEAT_TTL_S / 3)

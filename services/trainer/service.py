@@ -242,9 +242,11 @@ class Trainer:
             if self._rpc is None:
                 self._rpc = CommandClient(self.bus, timeout_s=PUSH_CALL_TIMEOUT_S, max_attempts=1)
                 await self._rpc.start()
+            beats = await self.bus.redis.mget([self.bus.names.heartbeat(f"worker:{r}") for r in replica_ids])
             client = StreamSyncClient(rpc=self._rpc, names=self.bus.names, loop=asyncio.get_running_loop(),
                                       replica_ids=replica_ids, version=self.version,
-                                      replica_world_size=self.config.rollout.tensor_model_parallel_size)
+                                      replica_world_size=self.config.rollout.tensor_model_parallel_size,
+                                      incarnations=tuple(text(b) if b else "" for b in beats))
             await asyncio.to_thread(self.backend.push_weights, transport, client)
         except Exception as exc:  # reported, not raised: the sync goes on through the filesystem
             error = f"{type(exc).__name__}: {exc}"

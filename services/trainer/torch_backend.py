@@ -152,7 +152,8 @@ class TorchGRPOTrainer:
         self.version = 0
         self.num_updates = 0
         self.on_gpu = self.device.type == "cuda"
-        self._push_engines: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._push_groups: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, ...], Any]] = {}
+        """(transport, replica ids) -> (the replicas' incarnations when it formed, vLLM's engine)."""
 
     # -- TrainerBackend ---------------------------------------------------------------
 
@@ -242,23 +243,27 @@ class TorchGRPOTrainer:
     def push_weights(self, transport: str, client: Any) -> None:
         """Send the current params to the replicas behind `client` through vLLM's transfer engine."""
         key = (transport, tuple(client.replica_ids))
+        members = tuple(getattr(client, "incarnations", ()))
+        formed, engine = self._push_groups.pop(key, ((), None))
+        if engine is not None and formed != members:
+            log.info("a replica of %s restarted since its push group formed: forming it anew", list(key[1]))
+            engine.shutdown()
+            engine = None
         try:
-            engine = self._push_engines.get(key)
             if engine is None:
                 world_size = 1 + len(client.replica_ids) * client.replica_world_size  # trainer = rank 0
                 engine = weight_transfer.trainer_engine(
                     transport, client=client, module=self.model, world_size=world_size,
                     master_address=self.config.transfer_address, master_port=_free_port())
-                self._push_engines[key] = engine
             engine.client = client  # this push's version
             t0 = time.monotonic()
             engine.send_weights()
             log.info("pushed weights to %s over %s in %.3fs", list(key[1]), transport, time.monotonic() - t0)
         except BaseException:
-            dropped = self._push_engines.pop(key, None)
-            if dropped is not None:
-                dropped.shutdown()
+            if engine is not None:  # a failed push leaves the group unusable: the next one forms it anew
+                engine.shutdown()
             raise
+        self._push_groups[key] = (members, engine)
 
     def release_gpu(self) -> None:
         """Move params, grads and optimizer state to CPU and free the CUDA cache."""

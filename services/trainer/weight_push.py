@@ -27,13 +27,16 @@ class StreamSyncClient:
 
     def __init__(self, *, rpc: CommandClient, names: Names, loop: asyncio.AbstractEventLoop,
                  replica_ids: list[str], version: int, replica_world_size: int = 1,
-                 timeout_s: float = 300.0) -> None:
+                 incarnations: tuple[str, ...] = (), timeout_s: float = 300.0) -> None:
         self.rpc = rpc
         self.names = names
         self.loop = loop
         self.replica_ids = list(replica_ids)
         self.version = version
         self.replica_world_size = replica_world_size
+        self.incarnations = incarnations
+        """The targets' worker processes (heartbeat values): the trainer forms its push group
+        anew when they change, i.e. when a replica restarted."""
         self.timeout_s = timeout_s
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
