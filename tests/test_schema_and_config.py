@@ -3,10 +3,12 @@ rejects wrong keys, types and values with the offending key in the message."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgpack
 import pytest
 
-from shared.config import config_from_dict
+from shared.config import config_from_dict, load_config
 from shared.schema import (
     Command,
     CommandAck,
@@ -109,3 +111,10 @@ def test_each_replica_gets_the_weight_transport_of_its_kind():
         rollout={"backend": "vllm", "standalone_weight_transport": "nccl", "hybrid_weight_transport": "ipc"}))
     assert config.weight_transport("standalone_0") == "nccl"
     assert config.weight_transport("hybrid_0") == "ipc"
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_validates(path):
+    config = load_config(path)
+    assert config.standalone_ids or config.hybrid_ids
