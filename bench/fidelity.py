@@ -26,6 +26,9 @@ policy, the direct measure of run-to-run variance. `--policies ... fixed_ratio` 
 without the default policy's cost gate: on a quiet machine `default` may decide switching does
 not pay and activate only at the initial sync, while fixed_ratio switches at most cycles.
 
+The static baseline always reloads weights from the filesystem; the dynamic arms use what the
+config says (configs/real_ci.yaml: gloo pushes), so the comparison covers the transport too.
+
 Run: ``python -m bench.fidelity --out runs/fidelity`` (configs/real_ci.yaml, 75-130 s per run
 here; `--config configs/real_small.yaml` for the demo-sized run). Writes `fidelity.json` and
 `fidelity.png` under `--out`, and each run's outputs under `--out/<policy>_<repeat>/`.
@@ -112,8 +115,13 @@ def compare(a: Sequence[float], b: Sequence[float], *, trajectories_per_version:
 
 
 def write_config(base: Path, dest: Path, *, policy: str, model_dir: Path, work_dir: Path) -> Path:
-    """`base` with the given policy (dynamic scheduling stays on: same replicas, same processes)."""
+    """`base` with the given policy (dynamic scheduling stays on: same replicas, same processes).
+    The static baseline reloads weights from the filesystem whatever `base` pushes with, so a
+    push transport is compared against the plain path too (as tests/test_e2e_real.py does)."""
     data = yaml.safe_load(base.read_text())
+    if policy == "static_fully_async":
+        data.setdefault("rollout", {}).update(standalone_weight_transport="filesystem",
+                                              hybrid_weight_transport="filesystem")
     data["run"]["work_dir"] = str(work_dir)
     data["trainer"]["model_dir"] = str(model_dir)
     data["async_training"]["use_dynamic_resource_scheduling"] = True
