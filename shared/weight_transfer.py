@@ -32,7 +32,9 @@ from typing import Any, ClassVar
 
 PUSH_TRANSPORTS = ("nccl", "ipc", "gloo")
 TRANSPORTS = ("filesystem", *PUSH_TRANSPORTS)
-TIMEOUT_S = 120.0
+TIMEOUT_S = 300.0
+"""Rendezvous and per-operation limit of a gloo push; the first push waits for the workers' engines
+to start (tens of seconds on a loaded CPU host)."""
 
 
 def register_vllm_plugin() -> None:
