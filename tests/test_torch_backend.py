@@ -225,7 +225,7 @@ class _GlooReceiver:
         self.group: object = None
 
     def init_weight_transfer_engine(self, info: dict) -> None:
-        from shared.weight_transfer import GlooCommunicator
+        from shared.gloo_transfer import GlooCommunicator
 
         self.group = GlooCommunicator(master_address=info["master_address"], master_port=info["master_port"],
                                       rank=info["rank_offset"], world_size=info["world_size"])
