@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import pickle
 
 import pytest
 
 from core.replica import ReplicaState, transition
+from services.trainer.weight_push import StreamSyncClient
+from shared.bus import Bus
+from shared.names import Names
+from shared.rpc import CommandClient
+from shared.streams import connect
 from shared.weight_transfer import init_info_for, wire_safe
 
 
@@ -36,3 +42,26 @@ def test_ipc_handles_travel_pickled_and_other_payloads_untouched():
 @pytest.mark.parametrize("action", ["weights_init", "weights_start", "weights_update", "weights_finish"])
 def test_push_steps_are_legal_in_every_replica_state_and_change_nothing(state, action):
     assert transition(state, action) is state
+
+
+async def test_a_push_call_gives_up_at_once_when_a_target_worker_dies_instead_of_waiting_for_its_ack(
+        redis_server):
+    """No worker serves the command stream here, so only the heartbeat watch can end the call."""
+    bus = Bus(connect(redis_server.url), Names("test"))
+    rpc = CommandClient(bus, timeout_s=60.0, max_attempts=1)
+    await rpc.start()
+    beat = bus.names.heartbeat("worker:standalone_0")
+    await bus.redis.set(beat, "incarnation-1", ex=30)
+    client = StreamSyncClient(rpc=rpc, names=bus.names, loop=asyncio.get_running_loop(),
+                              replica_ids=["standalone_0"], version=3, incarnations=("incarnation-1",))
+    try:
+        call = asyncio.create_task(asyncio.to_thread(client.start_weight_update))
+        await asyncio.sleep(1.0)
+        assert not call.done()  # alive, just slow: still waiting
+        await bus.redis.set(beat, "incarnation-2", ex=30)  # the worker restarted
+        with pytest.raises(ValueError, match="standalone_0's worker stopped or restarted during weights_start"):
+            async with asyncio.timeout(5):
+                await call
+    finally:
+        await rpc.close()
+        await bus.redis.aclose()

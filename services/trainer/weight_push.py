@@ -9,7 +9,8 @@ order vLLM's engine relies on holds (e.g. every worker has started before any up
 
 The commands go out on the trainer's event loop; the calls block the transfer thread only.
 A call is sent once (not retried: a resent update would wait for a broadcast that never
-comes); a worker that fails or does not answer within the timeout fails the push.
+comes); a worker that fails, does not answer within the timeout, or dies meanwhile (its
+heartbeat expires or changes) fails the push, and the controller falls back to the filesystem.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from shared.bus import text
 from shared.names import Names
 from shared.rpc import CommandClient
 from shared.weight_transfer import init_info_for, wire_safe
+
+WATCH_INTERVAL_S = 0.5
+"""How often a waiting push checks that its targets' workers are still the ones it started with."""
 
 
 class StreamSyncClient:
@@ -60,7 +65,29 @@ class StreamSyncClient:
         asyncio.run_coroutine_threadsafe(self._fan_out(action, payloads), self.loop).result()
 
     async def _fan_out(self, action: str, payloads: list[dict[str, Any]]) -> None:
-        async with asyncio.timeout(self.timeout_s):
-            await asyncio.gather(*(
-                self.rpc.call(self.names.worker_commands(replica_id), action, version=self.version, data=payload)
-                for replica_id, payload in zip(self.replica_ids, payloads, strict=True)))
+        """Send `action` to every target and wait for all acks, but give up as soon as a target's
+        worker is gone (heartbeat expired, or a new incarnation): it would never answer."""
+        calls: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(
+            self.rpc.call(self.names.worker_commands(replica_id), action, version=self.version, data=payload)
+            for replica_id, payload in zip(self.replica_ids, payloads, strict=True))))
+        watch: asyncio.Future[Any] = asyncio.ensure_future(self._watch_targets(action))
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await asyncio.wait({calls, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch.done():
+                watch.result()
+            await calls
+        finally:
+            for task in (calls, watch):
+                task.cancel()
+            await asyncio.gather(calls, watch, return_exceptions=True)
+
+    async def _watch_targets(self, action: str) -> None:
+        keys = [self.names.heartbeat(f"worker:{r}") for r in self.replica_ids]
+        expected = self.incarnations or (None,) * len(keys)
+        while True:
+            beats = await self.rpc.bus.redis.mget(keys)
+            for replica_id, beat, incarnation in zip(self.replica_ids, beats, expected, strict=True):
+                if beat is None or (incarnation is not None and text(beat) != incarnation):
+                    raise ValueError(f"{replica_id}'s worker stopped or restarted during {action}")
+            await asyncio.sleep(WATCH_INTERVAL_S)
