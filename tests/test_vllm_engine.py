@@ -220,3 +220,20 @@ async def test_a_gloo_push_replaces_the_weights_of_two_replicas_at_once(engines)
         assert engine.version == 6
         assert out.logprobs == pytest.approx(_torch_logprobs(pushed, PROMPT, out.token_ids), abs=2e-3)
     trainer.shutdown()
+
+
+async def test_a_push_abandoned_after_start_is_closed_by_the_filesystem_fallback(engines, model_dirs) -> None:
+    _, second = engines
+    await second.abort_all()
+    await second.transfer("start", {}, version=9)  # the trainer died here: no update, no finish
+    version, path = weights.latest(model_dirs["weights_root"]) or (None, None)
+    assert path is not None
+    await second.load_weights(version=1, path=str(path))
+    await second.resume()
+    out = await second.generate(request_id="fallback", prompt_token_ids=PROMPT, max_tokens=8)
+    assert second.version == 1
+    assert out.logprobs == pytest.approx(_torch_logprobs(load_pretrained(path), PROMPT, out.token_ids), abs=2e-3)
+    await second.abort_all()  # and pushes work again afterwards
+    await second.transfer("start", {}, version=10)
+    await second.transfer("finish", {}, version=10)
+    await second.resume()
