@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -31,7 +32,7 @@ from shared.bus import Bus, Subscription, text
 from shared.config import Config
 from shared.names import CONTROLLER_GROUP
 from shared.rpc import CommandClient
-from shared.schema import CycleMetrics, TrainerEvent, TrainerReply
+from shared.schema import CycleMetrics, Message, TrainerEvent, TrainerReply
 
 log = logging.getLogger(__name__)
 CONSUMER = "controller"
@@ -68,6 +69,8 @@ class Controller:
         self.last_event: dict[str, Any] = {}
         self.cycle_report: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
+        self._deferred: list[tuple[str, Message]] = []
+        """Trainer events read (not acked) while a handler waited for another one."""
         self.on_metrics: list[Any] = []
         """Callbacks taking one cycle's metrics dict (the Prometheus exporter registers here)."""
 
@@ -81,7 +84,7 @@ class Controller:
         events = await self.bus.subscribe(self.bus.names.trainer_events, CONTROLLER_GROUP, CONSUMER)
         try:
             while not stop.is_set():
-                for entry_id, message in await events.read(count=1, block_ms=200):
+                for entry_id, message in await self._next_events(events):
                     if isinstance(message, TrainerEvent) and not await self._handle_unless_stopped(
                             message, events, stop):
                         return  # stopped mid-event: left unacked, replayed by the next controller
@@ -219,11 +222,7 @@ class Controller:
         """Ask the trainer to offload and wait for its ack, so hybrids wake into free GPU memory."""
         await self.bus.publish(self.bus.names.trainer_replies,
                                TrainerReply(action="release_gpus", global_steps=event.global_steps))
-        while True:
-            for entry_id, message in await events.read(count=1, block_ms=200):
-                await events.ack(entry_id)
-                if isinstance(message, TrainerEvent) and message.phase == "gpus_released_ack":
-                    return
+        await self._await_trainer(events, lambda m: m.phase == "gpus_released_ack")
 
     async def _push(self, event: TrainerEvent, events: Subscription, replica_ids: tuple[str, ...],
                     version: int, transport: str) -> bool:
@@ -231,16 +230,33 @@ class Controller:
         await self.bus.publish(self.bus.names.trainer_replies, TrainerReply(
             action="push_weights", global_steps=event.global_steps,
             data={"replica_ids": list(replica_ids), "version": version, "transport": transport}))
+        report = await self._await_trainer(events, lambda m: (
+            m.phase == "weights_pushed" and m.data.get("replica_ids") == list(replica_ids) and m.version == version))
+        ok = bool(report.data.get("ok"))
+        await self.bus.audit(kind="push", subject="controller", version=version, detail=(
+            f"{transport} {list(replica_ids)} {'ok' if ok else 'failed: ' + str(report.data.get('error'))}"
+            f" {float(report.data.get('push_s', 0.0)):.3f}s"))
+        return ok
+
+    async def _await_trainer(self, events: Subscription,
+                             matches: Callable[[TrainerEvent], bool]) -> TrainerEvent:
+        """Wait, inside an event's handling, for the trainer event that `matches`. Any other trainer
+        event (a restarted trainer's next step) is kept, unacked, for the main loop: never dropped."""
         while True:
             for entry_id, message in await events.read(count=1, block_ms=200):
-                await events.ack(entry_id)
-                if (isinstance(message, TrainerEvent) and message.phase == "weights_pushed"
-                        and message.data.get("replica_ids") == list(replica_ids) and message.version == version):
-                    ok = bool(message.data.get("ok"))
-                    await self.bus.audit(kind="push", subject="controller", version=version, detail=(
-                        f"{transport} {list(replica_ids)} {'ok' if ok else 'failed: ' + str(message.data.get('error'))}"
-                        f" {float(message.data.get('push_s', 0.0)):.3f}s"))
-                    return ok
+                if isinstance(message, TrainerEvent) and matches(message):
+                    await events.ack(entry_id)
+                    return message
+                if isinstance(message, TrainerEvent):
+                    self._deferred.append((entry_id, message))
+                else:
+                    await events.ack(entry_id)
+
+    async def _next_events(self, events: Subscription) -> list[tuple[str, Message]]:
+        """Events kept back during a handler first, in arrival order; then the stream."""
+        if self._deferred:
+            return [self._deferred.pop(0)]
+        return await events.read(count=1, block_ms=200)
 
     async def _on_micro_step_done(self, event: TrainerEvent) -> None:
         self.aggregator.add(event.data)
