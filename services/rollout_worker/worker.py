@@ -27,7 +27,7 @@ from typing import Any
 
 from core.replica import ReplicaState, transition
 from services.rollout_worker.engine import Engine
-from shared.bus import Bus, Subscription
+from shared.bus import Bus, Subscription, text
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP
 from shared.runtime import sleep_unless
 from shared.schema import Command, GenerateRequest, GenerateResult
@@ -50,8 +50,10 @@ class RolloutWorker:
         self._inflight: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """1. publish the initial state; 2. serve commands, requests and heartbeats until `stop`;
-        3. abort in-flight generations so their partial tokens go back to the rollouter."""
+        """1. load the newest published weights; 2. publish the initial state; 3. serve commands,
+        requests and heartbeats until `stop`; 4. abort in-flight generations so their partial
+        tokens go back to the rollouter."""
+        await self._catch_up()
         await self._publish_state("started")
         loops = [
             asyncio.create_task(self._serve_commands(stop)),
@@ -66,6 +68,26 @@ class RolloutWorker:
             await self.engine.abort_all()
             if self._inflight:
                 await asyncio.wait(self._inflight, timeout=5.0)
+
+    async def _catch_up(self) -> None:
+        """A replica (re)started mid-run loads the weights of the trainer's last sync, instead of
+        generating with the base model until the next one; if that fails it says so and goes on."""
+        raw_version, raw_path = await self.bus.redis.hmget(
+            self.bus.names.trainer_state, ["weights_version", "weights_path"])
+        version = int(raw_version or 0)
+        if version <= self.version:
+            return
+        await self.engine.abort_all()
+        try:
+            await self.engine.load_weights(version=version, path=text(raw_path or b"") or None)
+        except Exception as exc:
+            log.error("%s: could not load weights v%d at start (serving v%d until the next sync): %s",
+                      self.replica_id, version, self.version, exc)
+        else:
+            self.version = version
+        finally:
+            await self.engine.resume()
+        log.info("%s: starts at weights v%d", self.replica_id, self.version)
 
     async def _serve_requests(self, stop: asyncio.Event) -> None:
         names = self.bus.names

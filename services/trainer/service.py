@@ -225,6 +225,9 @@ class Trainer:
 
     async def _sync(self, replies: Subscription, stop: asyncio.Event, *, global_steps: int) -> None:
         path = await asyncio.to_thread(self.backend.export_weights, self.version)
+        # What a (re)starting rollout worker loads before it serves (see RolloutWorker.run).
+        await self.bus.redis.hset(self.bus.names.trainer_state,
+                                  mapping={"weights_version": self.version, "weights_path": path or ""})
         await self.bus.publish(self.bus.names.trainer_events, TrainerEvent(
             phase="weights_ready", global_steps=global_steps, version=self.version, weights_path=path or ""))
         await self._await_reply(replies, stop, action="sync_done", global_steps=global_steps)
