@@ -380,7 +380,8 @@ def run_job(config_path: str | Path, out_dir: str | Path, redis_url: str | None 
     from tqdm import tqdm
 
     with Job(config_path=config_path, out_dir=out_dir, redis_url=redis_url, fresh=fresh) as job:
-        with tqdm(total=job.total_micro_steps, unit="step", desc=job.config.run.name, disable=None if progress else True) as bar:  # None: off when not a terminal
+        disable = None if progress else True  # None: tqdm turns itself off when not on a terminal
+        with tqdm(total=job.total_micro_steps, unit="step", desc=job.config.run.name, disable=disable) as bar:
             while job.poll() != "done":
                 if timeout_s is not None and job.elapsed_s > timeout_s:
                     raise TimeoutError(f"the run did not finish within {timeout_s:.0f}s; logs in {job.log_dir}")
