@@ -85,6 +85,12 @@ class LoadBalancerState:
         # min() returns the first minimum in iteration (= insertion) order.
         return min(ids, key=self.inflight.__getitem__)
 
+    def set_inflight(self, replica_id: str, count: int) -> None:
+        """Seed a member's count: a restarted load balancer counts what the replica has not
+        answered yet, instead of starting from zero. Unknown replicas are ignored."""
+        if replica_id in self.inflight:
+            self.inflight[replica_id] = max(0, count)
+
     def release(self, replica_id: str) -> None:
         """One attempt on ``replica_id`` finished (or was aborted)."""
         count = self.inflight.get(replica_id)

@@ -15,7 +15,8 @@ and is routed as soon as a replica is added; no replica ever parks one.
 
 Clean stop: loops end; waiting requests stay unacked in the consumer group.
 Crash: everything unacked is replayed on restart; membership is reloaded
-from Redis (`lb_members`); in-flight counts restart from zero.
+from Redis (`lb_members`); each member's in-flight count restarts at the
+requests its worker has not acked yet (its request stream's lag + pending).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ import time
 from collections import deque
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from core.routing import LoadBalancerState, NoReplicaAvailable
 from shared.bus import Bus, Subscription, text
 from shared.names import LOADBALANCER_GROUP, WORKER_GROUP
 from shared.runtime import sleep_unless
 from shared.schema import Command, GenerateRequest, GenerateResult, MalformedMessage, decode
-from shared.streams import StreamConsumer
+from shared.streams import StreamConsumer, group_lag, group_pending
 
 log = logging.getLogger(__name__)
 CONSUMER = "loadbalancer"
@@ -68,6 +71,9 @@ class LoadBalancer:
     async def _load_members(self) -> None:
         stored = [text(m) for m in await self.bus.redis.lrange(self.bus.names.lb_members, 0, -1)]
         self.state.add_replicas(stored if stored else self.initial_replica_ids)
+        for replica_id in self.state.replica_ids:  # after a restart: what each replica still owes
+            stream = self.bus.names.worker_requests(replica_id)
+            self.state.set_inflight(replica_id, await _unacked(self.bus, stream))
         await self._save_members()
         log.info("routing to %s", list(self.state.replica_ids))
 
@@ -184,3 +190,11 @@ class LoadBalancer:
                     total_inflight=self.state.total_inflight(), waiting=len(self._waiting))
         return data
 
+
+
+async def _unacked(bus: Bus, stream: str) -> int:
+    """Requests in a worker's stream it has not acked, read or not (it still owes their results)."""
+    try:
+        return await group_lag(bus.redis, stream, WORKER_GROUP) + await group_pending(bus.redis, stream, WORKER_GROUP)
+    except ResponseError:  # no such stream or group yet: nothing was read
+        return await group_lag(bus.redis, stream, WORKER_GROUP)
