@@ -50,10 +50,13 @@ class RolloutWorker:
         self._inflight: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """1. load the newest published weights; 2. publish the initial state; 3. serve commands,
-        requests and heartbeats until `stop`; 4. abort in-flight generations so their partial
-        tokens go back to the rollouter."""
+        """1. load the newest published weights; 2. a replica that starts SLEEPING (a hybrid) puts
+        its engine to sleep, so the trainer's GPU memory is free before any activation; 3. publish
+        the initial state; 4. serve commands, requests and heartbeats until `stop`; 5. abort
+        in-flight generations so their partial tokens go back to the rollouter."""
         await self._catch_up()
+        if self.state is ReplicaState.SLEEPING:
+            await self.engine.sleep()
         await self._publish_state("started")
         loops = [
             asyncio.create_task(self._serve_commands(stop)),
