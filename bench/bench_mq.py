@@ -16,7 +16,6 @@ import csv
 import io
 import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import msgpack
 
 from bench import write_result
+from shared.runtime import free_port
 from shared.streams import StreamConsumer, connect, ensure_group, xadd_many
 
 STREAM = "bench:mq"
@@ -37,9 +37,7 @@ GROUP = "trainer"
 @contextmanager
 def throwaway_redis() -> Iterator[int]:
     """A redis-server on a free port in a temp dir, no persistence; yields the port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
         proc = subprocess.Popen(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import tempfile
 import time
@@ -25,6 +24,7 @@ from rl.task import make_problems
 from rl.tokenizer import CharTokenizer
 from services.rollout_worker.vllm_engine import SamplingConfig, VllmEngine, VllmEngineConfig
 from shared import weight_transfer, weights
+from shared.runtime import free_port
 
 LONG_TOKENS = 200
 
@@ -56,7 +56,7 @@ async def measure(model_dir: Path, weights_root: Path, repeats: int) -> dict[str
     await engine.abort_all()
     pusher = await _timed(results, "join push group (gloo, once)", asyncio.to_thread(
         weight_transfer.trainer_engine, "gloo", client=client, module=trainer_model, world_size=2,
-        master_address="127.0.0.1", master_port=_free_port()))
+        master_address="127.0.0.1", master_port=free_port()))
     await engine.resume()
 
     async def batch(tag: str, max_tokens: int) -> list[object]:
@@ -103,12 +103,6 @@ async def measure(model_dir: Path, weights_root: Path, repeats: int) -> dict[str
         await engine.close()
         results["close"] = [time.monotonic() - t0]
     return results
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def print_table(results: dict[str, list[float]]) -> None:

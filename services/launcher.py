@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from shared import schema
 from shared.bus import text
 from shared.config import Config, load_config
 from shared.names import Names
+from shared.runtime import free_port
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,6 @@ class ServiceCrashed(RuntimeError):
 
 class NamespaceInUse(ValueError):
     """Keys already live under the run's namespace on the given Redis."""
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def redis_executable() -> str:

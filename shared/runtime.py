@@ -10,12 +10,20 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 
 from shared.bus import Bus
 from shared.config import Config, load_config
 from shared.names import Names
 from shared.streams import connect
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago ("" = every interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 async def sleep_unless(event: asyncio.Event, timeout_s: float) -> bool:

@@ -2,8 +2,8 @@
 
 Service tests and fault tests use ``redis_server`` (``.url``, ``.port``,
 ``.kill()``, ``.restart()`` on the same port) and ``redis_client`` (an asyncio
-client on it, bytes in and out). ``RedisServer`` and ``free_port`` are plain
-helpers so a test can also start extra servers itself.
+client on it, bytes in and out). ``RedisServer`` is a plain helper
+(with ``shared.runtime.free_port``) so a test can also start extra servers itself.
 """
 
 from __future__ import annotations
@@ -22,14 +22,9 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from shared.runtime import free_port
+
 REDIS_START_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ping(port: int) -> bool:

@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field
 
 from services.cli import main
 from shared.names import Names
-from tests.conftest import RedisServer, free_port
+from shared.runtime import free_port
+from tests.conftest import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIO_ERROR = "deactivate_ratio=2.0 is outside [0, 1]"

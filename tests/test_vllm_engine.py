@@ -23,6 +23,7 @@ from rl.model import ModelConfig, TinyLlama, init_model, load_pretrained, save_p
 from rl.tokenizer import CharTokenizer  # noqa: E402
 from services.rollout_worker.vllm_engine import SamplingConfig, VllmEngine, VllmEngineConfig  # noqa: E402
 from shared import weight_transfer, weights  # noqa: E402
+from shared.runtime import free_port  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm,
@@ -190,17 +191,12 @@ async def test_emulated_sleep_rejects_work_and_wake_plus_resume_restores_it(engi
 
 
 async def test_a_gloo_push_replaces_the_weights_of_two_replicas_at_once(engines) -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     pushed = _peaky_model(seed=7)
     client = weight_transfer.LocalSyncClient(engines, asyncio.get_running_loop(), version=5)
     for engine in engines:
         await engine.abort_all()
     trainer = await asyncio.to_thread(weight_transfer.trainer_engine, "gloo", client=client, module=pushed,
-                                      world_size=3, master_address="127.0.0.1", master_port=port)
+                                      world_size=3, master_address="127.0.0.1", master_port=free_port())
     await asyncio.to_thread(trainer.send_weights)
     for i, engine in enumerate(engines):
         assert engine.version == 5

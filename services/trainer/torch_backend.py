@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import torch
 
 from rl.model import load_pretrained, pack_batch, token_logprobs
 from shared import weight_transfer, weights
+from shared.runtime import free_port
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ class TorchGRPOTrainer:
                 world_size = 1 + len(client.replica_ids) * client.replica_world_size  # trainer = rank 0
                 engine = weight_transfer.trainer_engine(
                     transport, client=client, module=self.model, world_size=world_size,
-                    master_address=self.config.transfer_address, master_port=_free_port())
+                    master_address=self.config.transfer_address, master_port=free_port(""))  # "": workers on other hosts connect
             engine.client = client  # this push's version
             t0 = time.monotonic()
             engine.send_weights()
@@ -337,8 +337,3 @@ class TorchGRPOTrainer:
         log.info("resumed trainer from %s (version %d)", path, self.version)
         return self.version
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
