@@ -126,7 +126,7 @@ async def wait_ready(bus: Bus, config: Config, *, timeout_s: float = STARTUP_TIM
     names = bus.names
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        beats = [await bus.redis.exists(names.heartbeat(f"worker:{r}"))
+        beats = [await bus.redis.exists(names.worker_heartbeat(r))
                  for r in config.standalone_ids + config.hybrid_ids]
         if all(beats) and await bus.redis.exists(names.lb_members) and await bus.redis.exists(names.rollouter_state):
             return

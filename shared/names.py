@@ -155,8 +155,9 @@ class Names:
         """Hash replica_id -> engine state (active, paused, sleeping) and version."""
         return self._key("replicas")
 
-    def heartbeat(self, service: str) -> str:
-        return self._key("heartbeat", service)
+    def worker_heartbeat(self, replica_id: str) -> str:
+        """String key with a TTL: the worker process's incarnation id while it is alive."""
+        return self._key("heartbeat", f"worker:{replica_id}")
 
     def lease(self, consumer: str) -> str:
         return self._key("lease", consumer)

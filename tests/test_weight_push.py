@@ -50,7 +50,7 @@ async def test_a_push_call_gives_up_at_once_when_a_target_worker_dies_instead_of
     bus = Bus(connect(redis_server.url), Names("test"))
     rpc = CommandClient(bus, timeout_s=60.0, max_attempts=1)
     await rpc.start()
-    beat = bus.names.heartbeat("worker:standalone_0")
+    beat = bus.names.worker_heartbeat("standalone_0")
     await bus.redis.set(beat, "incarnation-1", ex=30)
     client = StreamSyncClient(rpc=rpc, names=bus.names, loop=asyncio.get_running_loop(),
                               replica_ids=["standalone_0"], version=3, incarnations=("incarnation-1",))

@@ -125,7 +125,7 @@ class Executor:
     async def _all_alive(self, replica_ids: tuple[str, ...]) -> bool:
         names = self.bus.names
         return bool(replica_ids) and all(await asyncio.gather(
-            *(self.bus.redis.exists(names.heartbeat(f"worker:{r}")) for r in replica_ids)))
+            *(self.bus.redis.exists(names.worker_heartbeat(r)) for r in replica_ids)))
 
     async def _workers(self, replica_ids: tuple[str, ...], action: str, **fields: object) -> None:
         """Send to every replica; wait for the acks of live ones only. A replica whose heartbeat
@@ -133,7 +133,7 @@ class Executor:
         names = self.bus.names
         async with self.bus.redis.pipeline(transaction=False) as pipe:
             for replica_id in replica_ids:
-                pipe.exists(names.heartbeat(f"worker:{replica_id}"))
+                pipe.exists(names.worker_heartbeat(replica_id))
             alive = await pipe.execute()
         for replica_id, is_alive in zip(replica_ids, alive, strict=True):
             if not is_alive:

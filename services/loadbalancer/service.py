@@ -131,7 +131,7 @@ class LoadBalancer:
         seen_alive: set[str] = set()
         while not stop.is_set():
             for replica_id in set(self.state.replica_ids) | self._dead:
-                alive = bool(await self.bus.redis.exists(self.bus.names.heartbeat(f"worker:{replica_id}")))
+                alive = bool(await self.bus.redis.exists(self.bus.names.worker_heartbeat(replica_id)))
                 if alive:
                     seen_alive.add(replica_id)
                     if replica_id in self._dead:

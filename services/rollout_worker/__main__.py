@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         incarnations = {replica_id: uuid.uuid4().hex[:12] for replica_id in args.replica_id}
         for replica_id, incarnation in incarnations.items():  # alive while the engine starts (vLLM: tens of s)
-            await bus.redis.set(names.heartbeat(f"worker:{replica_id}"), incarnation, ex=STARTUP_TTL_S)
+            await bus.redis.set(names.worker_heartbeat(replica_id), incarnation, ex=STARTUP_TTL_S)
         workers = []
         for replica_id in args.replica_id:
             engine = build_engine(config, replica_id)

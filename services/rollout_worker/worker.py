@@ -201,7 +201,7 @@ class RolloutWorker:
                              version=self.version)
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
-        key = self.bus.names.heartbeat(f"worker:{self.replica_id}")
+        key = self.bus.names.worker_heartbeat(self.replica_id)
         while not stop.is_set():
             await self.bus.redis.set(key, self.incarnation, ex=HEARTBEAT_TTL_S)
             await sleep_unless(stop, HEARTBEAT_TTL_S / 3)

@@ -245,7 +245,7 @@ class Trainer:
             if self._rpc is None:
                 self._rpc = CommandClient(self.bus, timeout_s=PUSH_CALL_TIMEOUT_S, max_attempts=1)
                 await self._rpc.start()
-            beats = await self.bus.redis.mget([self.bus.names.heartbeat(f"worker:{r}") for r in replica_ids])
+            beats = await self.bus.redis.mget([self.bus.names.worker_heartbeat(r) for r in replica_ids])
             client = StreamSyncClient(rpc=self._rpc, names=self.bus.names, loop=asyncio.get_running_loop(),
                                       replica_ids=replica_ids, version=self.version,
                                       replica_world_size=self.config.rollout.tensor_model_parallel_size,

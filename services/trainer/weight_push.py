@@ -83,7 +83,7 @@ class StreamSyncClient:
             await asyncio.gather(calls, watch, return_exceptions=True)
 
     async def _watch_targets(self, action: str) -> None:
-        keys = [self.names.heartbeat(f"worker:{r}") for r in self.replica_ids]
+        keys = [self.names.worker_heartbeat(r) for r in self.replica_ids]
         expected = self.incarnations or (None,) * len(keys)
         while True:
             beats = await self.rpc.bus.redis.mget(keys)
