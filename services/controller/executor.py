@@ -113,7 +113,7 @@ class Executor:
         the push fails, every replica reloads `version` from the filesystem."""
         transports = {self.transports.get(r, "") for r in replica_ids}
         transport = transports.pop() if len(transports) == 1 else ""
-        if transport and self.push is not None and await self._all_alive(replica_ids):
+        if transport and self.push is not None and replica_ids and all(await self._alive(replica_ids)):
             report.pushes += 1
             if await self.push(replica_ids, version, transport):
                 return
@@ -122,19 +122,18 @@ class Executor:
                         list(replica_ids))
         await self._workers(replica_ids, "update_weights", version=version, weights_path=self.weights_path)
 
-    async def _all_alive(self, replica_ids: tuple[str, ...]) -> bool:
-        names = self.bus.names
-        return bool(replica_ids) and all(await asyncio.gather(
-            *(self.bus.redis.exists(names.worker_heartbeat(r)) for r in replica_ids)))
+    async def _alive(self, replica_ids: tuple[str, ...]) -> list[bool]:
+        """Which of `replica_ids` have a worker heartbeat, in order (one round trip)."""
+        async with self.bus.redis.pipeline(transaction=False) as pipe:
+            for replica_id in replica_ids:
+                pipe.exists(self.bus.names.worker_heartbeat(replica_id))
+            return [bool(n) for n in await pipe.execute()]
 
     async def _workers(self, replica_ids: tuple[str, ...], action: str, **fields: object) -> None:
         """Send to every replica; wait for the acks of live ones only. A replica whose heartbeat
         expired gets the command too (replayed when it restarts) but is not waited for."""
         names = self.bus.names
-        async with self.bus.redis.pipeline(transaction=False) as pipe:
-            for replica_id in replica_ids:
-                pipe.exists(names.worker_heartbeat(replica_id))
-            alive = await pipe.execute()
+        alive = await self._alive(replica_ids)
         for replica_id, is_alive in zip(replica_ids, alive, strict=True):
             if not is_alive:
                 log.warning("replica %s has no heartbeat: %s sent, not awaited", replica_id, action)
