@@ -90,10 +90,39 @@ def init_info_for(init_info: dict[str, Any], index: int, replica_world_size: int
     return {**init_info, "rank_offset": int(init_info["rank_offset"]) + index * replica_world_size}
 
 
-class LocalSyncClient:
-    """vLLM's VLLMWeightSyncClient onto in-process engines (anything with `transfer`, e.g.
-    VllmEngine), for tests and benchmarks; the services use StreamSyncClient instead. Its calls
-    come from the transfer thread and run on `loop`, where the engines live."""
+class SyncClient:
+    """vLLM's VLLMWeightSyncClient for `replica_ids`: each of its four calls becomes one step
+    (init, start, update, finish) per replica, with that replica's payload, delivered by `_send`
+    and done on every replica before the call returns. Subclasses say how a step is delivered."""
+
+    replica_ids: list[str]
+    replica_world_size: int
+    version: int
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._send("init", [init_info_for(init_info, i, self.replica_world_size)
+                            for i in range(len(self.replica_ids))])
+
+    def start_weight_update(self) -> None:
+        self._send("start", [{} for _ in self.replica_ids])
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        if isinstance(update_info, list):
+            raise ValueError("per-rank update payloads are not supported; one payload for all replicas")
+        payload = wire_safe(update_info)
+        self._send("update", [payload for _ in self.replica_ids])
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._send("finish", [{} for _ in self.replica_ids])
+
+    def _send(self, step: str, payloads: list[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+
+class LocalSyncClient(SyncClient):
+    """Onto in-process engines (anything with `transfer`, e.g. VllmEngine), for tests and
+    benchmarks; the services use StreamSyncClient instead. Its calls come from the transfer
+    thread and run on `loop`, where the engines live."""
 
     def __init__(self, engines: Sequence[Any], loop: asyncio.AbstractEventLoop, *, version: int) -> None:
         self.engines = list(engines)
@@ -102,21 +131,9 @@ class LocalSyncClient:
         self.replica_ids = [f"local_{i}" for i in range(len(self.engines))]
         self.replica_world_size = 1
 
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._all("init", [init_info_for(init_info, i, 1) for i in range(len(self.engines))])
-
-    def start_weight_update(self) -> None:
-        self._all("start", [{}] * len(self.engines))
-
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        self._all("update", [wire_safe(update_info)] * len(self.engines))
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all("finish", [{}] * len(self.engines))
-
-    def _all(self, step: str, infos: list[dict[str, Any]]) -> None:
+    def _send(self, step: str, payloads: list[dict[str, Any]]) -> None:
         async def run() -> None:
-            await asyncio.gather(*(engine.transfer(step, info, version=self.version)
-                                   for engine, info in zip(self.engines, infos, strict=True)))
+            await asyncio.gather(*(engine.transfer(step, payload, version=self.version)
+                                   for engine, payload in zip(self.engines, payloads, strict=True)))
 
         asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=TIMEOUT_S)

@@ -21,14 +21,14 @@ from typing import Any
 from shared.bus import text
 from shared.names import Names
 from shared.rpc import CommandClient
-from shared.weight_transfer import init_info_for, wire_safe
+from shared.weight_transfer import SyncClient
 
 WATCH_INTERVAL_S = 0.5
 """How often a waiting push checks that its targets' workers are still the ones it started with."""
 
 
-class StreamSyncClient:
-    """vLLM's VLLMWeightSyncClient for the replicas `replica_ids`, pushing weights `version`."""
+class StreamSyncClient(SyncClient):
+    """Over the target workers' command streams, pushing weights `version`."""
 
     def __init__(self, *, rpc: CommandClient, names: Names, loop: asyncio.AbstractEventLoop,
                  replica_ids: list[str], version: int, replica_world_size: int = 1,
@@ -44,25 +44,9 @@ class StreamSyncClient:
         anew when they change, i.e. when a replica restarted."""
         self.timeout_s = timeout_s
 
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._call("weights_init", [init_info_for(init_info, i, self.replica_world_size)
-                                    for i in range(len(self.replica_ids))])
-
-    def start_weight_update(self) -> None:
-        self._call("weights_start", [{} for _ in self.replica_ids])
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        if isinstance(update_info, list):
-            raise ValueError("per-rank update payloads are not supported; one payload for all replicas")
-        payload = wire_safe(update_info)
-        self._call("weights_update", [payload for _ in self.replica_ids])
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._call("weights_finish", [{} for _ in self.replica_ids])
-
-    def _call(self, action: str, payloads: list[dict[str, Any]]) -> None:
+    def _send(self, step: str, payloads: list[dict[str, Any]]) -> None:
         """Called from the transfer thread: run the fan-out on the loop, block until it is done."""
-        asyncio.run_coroutine_threadsafe(self._fan_out(action, payloads), self.loop).result()
+        asyncio.run_coroutine_threadsafe(self._fan_out(f"weights_{step}", payloads), self.loop).result()
 
     async def _fan_out(self, action: str, payloads: list[dict[str, Any]]) -> None:
         """Send `action` to every target and wait for all acks, but give up as soon as a target's
