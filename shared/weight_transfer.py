@@ -98,6 +98,8 @@ class SyncClient:
     replica_ids: list[str]
     replica_world_size: int
     version: int
+    incarnations: tuple[str, ...] = ()
+    """The targets' worker processes, when known: the trainer forms its group anew when they change."""
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._send("init", [init_info_for(init_info, i, self.replica_world_size)

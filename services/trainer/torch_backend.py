@@ -243,7 +243,7 @@ class TorchGRPOTrainer:
     def push_weights(self, transport: str, client: Any) -> None:
         """Send the current params to the replicas behind `client` through vLLM's transfer engine."""
         key = (transport, tuple(client.replica_ids))
-        members = tuple(getattr(client, "incarnations", ()))
+        members = tuple(client.incarnations)
         formed, engine = self._push_groups.pop(key, ((), None))
         if engine is not None and formed != members:
             log.info("a replica of %s restarted since its push group formed: forming it anew", list(key[1]))
