@@ -20,6 +20,7 @@ Data flow over the streams:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 DEFAULT_NAMESPACE = "dynsched"
 
@@ -35,6 +36,36 @@ HEARTBEAT_TTL_S = 10
 """A service whose heartbeat key is older than this is considered dead."""
 MAX_DELIVERIES = 5
 """An entry delivered this many times without an ack goes to the dead-letter stream."""
+
+
+
+
+class SampleState(StrEnum):
+    """A sample's lifecycle state in the `sample_states` hash (fed -> generating -> queued -> trained,
+    or dropped with a reason)."""
+
+    GENERATING = "generating"
+    QUEUED = "queued"
+    TRAINED = "trained"
+    DROPPED = "dropped"
+
+
+class AccountingField(StrEnum):
+    """Fields of the `accounting` hash: fed = generating + queued + trained + dropped."""
+
+    FED = "fed"
+    GENERATING = "generating"
+    QUEUED = "queued"
+    TRAINED = "trained"
+    DROPPED = "dropped"
+
+
+class RunStatus(StrEnum):
+    """`status` field of the `run_state` hash."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)

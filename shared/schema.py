@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
 import msgpack
@@ -27,6 +28,94 @@ _SCALARS = (str, int, float, bool)
 
 class MalformedMessage(ValueError):
     """A stream entry that cannot be decoded into a known message."""
+
+
+# ---- closed vocabularies: every phase, action and reason on the wire is one of these ----
+
+
+class TrainerPhase(StrEnum):
+    """Trainer -> controller: where the trainer is in its cycle (TrainerEvent.phase)."""
+
+    MICRO_STEP_START = "micro_step_start"
+    """About to collect a micro-step's samples; waits for GPUS_READY."""
+    COLLECTED = "collected"
+    """The micro-step's samples were popped (wait time and samples missing at start)."""
+    MICRO_STEP_DONE = "micro_step_done"
+    """Trained; carries the micro-step's timings and stats."""
+    WEIGHTS_READY = "weights_ready"
+    """A new version is exported; waits for SYNC_DONE."""
+    GPUS_RELEASED_ACK = "gpus_released_ack"
+    """Offloaded after RELEASE_GPUS: hybrids may wake."""
+    WEIGHTS_PUSHED = "weights_pushed"
+    """Result of a PUSH_WEIGHTS."""
+    DONE = "done"
+    """Every step trained; the run is over."""
+
+
+class TrainerAction(StrEnum):
+    """Controller -> trainer (TrainerReply.action)."""
+
+    GPUS_READY = "gpus_ready"
+    """Train now: no hybrid holds the trainer's GPUs."""
+    RELEASE_GPUS = "release_gpus"
+    """Offload: hybrids need the memory."""
+    PUSH_WEIGHTS = "push_weights"
+    """Push a version to replicas over a push transport."""
+    SYNC_DONE = "sync_done"
+    """Every replica serves the new version; go on."""
+    STOP = "stop"
+
+
+class CommandAction(StrEnum):
+    """Controller (or trainer, for pushes) -> worker / load balancer / rollouter (Command.action)."""
+
+    # rollout worker
+    ABORT = "abort"
+    RESUME = "resume"
+    SLEEP = "sleep"
+    WAKE = "wake"
+    UPDATE_WEIGHTS = "update_weights"
+    """Reload a version from the filesystem."""
+    WEIGHTS_INIT = "weights_init"
+    WEIGHTS_START = "weights_start"
+    WEIGHTS_UPDATE = "weights_update"
+    WEIGHTS_FINISH = "weights_finish"
+    # load balancer
+    ADD = "add"
+    REMOVE = "remove"
+    CLEAR_STICKY = "clear_sticky"
+    INFLIGHT = "inflight"
+    # rollouter
+    SET_ACTIVE_REPLICAS = "set_active_replicas"
+    RESET_STALENESS = "reset_staleness"
+
+
+WEIGHT_ACTIONS = frozenset({CommandAction.UPDATE_WEIGHTS, CommandAction.WEIGHTS_INIT, CommandAction.WEIGHTS_START,
+                            CommandAction.WEIGHTS_UPDATE, CommandAction.WEIGHTS_FINISH})
+"""The worker actions that load weights (the replica's lifecycle state is unchanged)."""
+
+
+class FinishReason(StrEnum):
+    """Why one generation attempt ended (GenerateResult.finish_reason, Trajectory.finish_reason)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    """Partial: aborted mid-generation, resumed elsewhere."""
+    REJECTED = "rejected"
+    """The replica was not serving; retried elsewhere."""
+
+
+class AuditKind(StrEnum):
+    """What an AuditEvent records."""
+
+    REPLICA_STATE = "replica_state"
+    SWITCH = "switch"
+    PHASE = "phase"
+    COMMAND = "command"
+    PUSH = "push"
+    LB = "lb"
+    DROP = "drop"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,8 +287,14 @@ _MESSAGE_TYPES: dict[str, type] = {
 M = TypeVar("M")
 
 
+_ENUMS: dict[str, type[StrEnum]] = {
+    cls.__name__: cls for cls in (TrainerPhase, TrainerAction, CommandAction, FinishReason, AuditKind)
+}
+"""Enum-typed fields travel as their plain string value and are parsed back on decode."""
+
+
 def _is_scalar_field(f: dataclasses.Field[Any]) -> bool:
-    return f.type in ("str", "int", "float", "bool")
+    return f.type in ("str", "int", "float", "bool") or f.type in _ENUMS
 
 
 def encode(message: Message) -> dict[Any, Any]:
@@ -209,7 +304,7 @@ def encode(message: Message) -> dict[Any, Any]:
     for f in dataclasses.fields(message):
         value = getattr(message, f.name)
         if _is_scalar_field(f):
-            fields[f.name] = str(int(value)) if isinstance(value, bool) else str(value)
+            fields[f.name] = str(int(value)) if isinstance(value, bool) else str(value)  # StrEnum: its value
         else:
             payload[f.name] = _to_plain(value)
     if payload:
@@ -261,6 +356,8 @@ def _parse_scalar(type_tag: str, f: dataclasses.Field[Any], text: str) -> Any:
             return float(text)
         if f.type == "bool":
             return text in ("1", "True", "true")
+        if f.type in _ENUMS:
+            return _ENUMS[str(f.type)](text)
         return text
     except ValueError as exc:
         raise MalformedMessage(f"{type_tag}: field {f.name}={text!r} is not a {f.type}") from exc
