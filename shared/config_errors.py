@@ -41,7 +41,8 @@ def _describe(error: Any) -> str:
         return _EXPECTED[kind]
     if kind in _BOUNDS:
         op, key = _BOUNDS[kind]
-        return f"expected {op} {ctx[key]}"
+        bound = ctx[key]
+        return f"expected {op} {int(bound) if isinstance(bound, float) and bound.is_integer() else bound}"
     if kind == "literal_error":
         return f"expected {ctx['expected']}"
     msg = str(error["msg"])
