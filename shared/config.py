@@ -33,8 +33,10 @@ ROLLOUTER_MONITOR_INTERVAL_S = 0.1
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]+$"
 """Redis key prefix of a run: no glob characters, so `--fresh` can only ever match this run's keys."""
 
-Seconds = Annotated[float, Field(ge=0)]
-"""A duration: finite (every section forbids NaN and infinities) and never negative."""
+NonNegative = Annotated[float, Field(ge=0)]
+"""Finite (every section forbids NaN and infinities) and never negative."""
+Seconds = NonNegative
+"""A duration."""
 Positive = Annotated[float, Field(gt=0)]
 Count = Annotated[int, Field(ge=1)]
 
@@ -48,7 +50,7 @@ class ResponseLengthConfig(_Section):
     """Sim response lengths in tokens: normal(mean, std) clipped to [min, max], drifting with version."""
 
     mean: Positive = 256.0
-    std: Seconds = 64.0
+    std: NonNegative = 64.0
     min_tokens: Count = 8
     drift_per_version: float = 0.0
     """Fractional growth of the mean per weight version (RL responses lengthen)."""
@@ -60,7 +62,7 @@ class SimEngineConfig(_Section):
     prefill_s_per_token: Seconds = 0.0002
     decode_s_per_step: Seconds = 0.02
     """Time of one decode step (one token for every running request) at batch size 1."""
-    batch_slowdown: Seconds = 0.002
+    batch_slowdown: NonNegative = 0.002
     """A decode step takes decode_s_per_step * (1 + batch_slowdown * running_requests)."""
     sleep_s: Seconds = 2.0
     wake_s: Seconds = 2.0
@@ -109,7 +111,7 @@ class TrainerConfig(_Section):
 class AsyncTrainingConfig(_Section):
     """The original's `async_training` section, same names and defaults."""
 
-    staleness_threshold: Seconds = 0.1
+    staleness_threshold: NonNegative = 0.1
     trigger_parameter_sync_step: Count = 4
     require_batches: Count = 1
     partial_rollout: bool = True
@@ -160,9 +162,9 @@ class SimWorkloadConfig(_Section):
     prompt_tokens_median: Positive
     response_tokens_median_start: Positive
     response_tokens_median_end: Positive
-    prompt_tokens_sigma: Seconds = 0.4
+    prompt_tokens_sigma: NonNegative = 0.4
     prompt_tokens_max: Count = 4096
-    response_tokens_sigma: Seconds = 1.0
+    response_tokens_sigma: NonNegative = 1.0
     response_tokens_max: Count = 65536
 
 

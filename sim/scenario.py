@@ -155,11 +155,12 @@ class Scenario:
     costs: SwitchCosts
 
     @classmethod
-    def from_config(cls, config: Config) -> Scenario:
+    def from_config(cls, config: Config, *, source: str = "") -> Scenario:
         at, sim = config.async_training, config.simulator
         if not at.partial_rollout:
-            raise ConfigError("config: async_training.partial_rollout=False is not modelled by the simulator "
-                              "(deactivation truncates)")
+            where = f"config: {source}: " if source else "config: "
+            raise ConfigError(f"{where}async_training.partial_rollout=False is invalid: expected true, the "
+                              f"simulator does not model dropping partial rollouts")
         # As the controller service builds it: without dynamic scheduling the run is plain fully-async.
         policy = at.dynamic_schedule_policy if at.use_dynamic_resource_scheduling else "static_fully_async"
         flow = FlowSettings(ppo_mini_batch_size=config.trainer.ppo_mini_batch_size,
@@ -256,4 +257,4 @@ def _costs(config: Config) -> SwitchCosts:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Load a run config (configs/*.yaml, scenarios/*.yaml) as the simulator's view."""
-    return Scenario.from_config(load_config(path))
+    return Scenario.from_config(load_config(path), source=str(path))

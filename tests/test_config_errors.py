@@ -1,4 +1,4 @@
-"""One config loader for `dynsched run` and `dynsched simulate`: every mistake is one line naming file and key."""
+"""One loader for `dynsched run` and `simulate`: each mistake is one line naming file and key."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 
 from policies.check import load_checked_config
 from services.cli import main
-from shared.config import config_json_schema, load_config
+from shared.config import config_json_schema, config_to_dict, load_config
 from sim.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,8 @@ MISTAKES = [  # (id, file text or a change to sim_small, what the line must say)
     ("inf", ("async_training", "staleness_threshold", float("inf")),
      r"async_training\.staleness_threshold=inf is invalid: expected a finite number"),
     ("nan", ("run", "time_scale", float("nan")), r"run\.time_scale=nan is invalid: expected a finite number"),
-    ("negative_duration", ("trainer", "offload_s", -1.0), r"trainer\.offload_s=-1\.0 is invalid: expected >= 0"),
+    ("negative_duration", ("trainer", "offload_s", -1.0),
+     r"trainer\.offload_s=-1\.0 is invalid: expected >= 0"),
     ("unknown_key", ("trainer", "bogus", 1), r"unknown key trainer\.bogus; known under trainer: backend, "),
     ("bad_namespace", ("run", "namespace", "*"),
      r"run\.namespace='\*' is invalid: expected letters, digits, '_', '\.' or '-' only"),
@@ -80,8 +81,25 @@ def test_simulate_runs_on_every_shipped_sim_config(path, capsys):
     assert main(["simulate", "--config", str(path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     samples = result["samples"]
-    assert samples["fed"] == samples["generating"] + samples["queued"] + samples["trained"] + samples["dropped"]
+    accounted = samples["generating"] + samples["queued"] + samples["trained"] + samples["dropped"]
+    assert samples["fed"] == accounted
     assert samples["trained"] == load_config(path).data.total_rollout_steps
+
+
+def test_a_config_round_trips_through_plain_data_and_yaml(tmp_path):
+    config = load_config(ROOT / "scenarios" / "seed_qwen35_35b_a3b_32xh20.yaml")
+    path = tmp_path / "copy.yaml"
+    path.write_text(yaml.safe_dump(config_to_dict(config)))
+    assert load_config(path) == config
+
+
+def test_the_simulator_refuses_what_it_does_not_model_in_one_line(tmp_path, capsys):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(small_config_with("async_training", "partial_rollout", False)))
+    assert main(["simulate", "--config", str(path)]) == 1
+    assert capsys.readouterr().err == (f"dynsched: error: config: {path}: async_training.partial_rollout="
+                                       f"False is invalid: expected true, the simulator does not model "
+                                       f"dropping partial rollouts\n")
 
 
 def test_the_simulator_uses_the_services_names_and_defaults():
@@ -94,7 +112,8 @@ def test_the_simulator_uses_the_services_names_and_defaults():
     assert scenario.costs.hybrid_sync_s == pytest.approx(
         config.trainer.offload_s + config.rollout.sim.wake_s + config.rollout.sim.weight_sync_s)
     static = scenario.with_changes({"async_training.use_dynamic_resource_scheduling": False})
-    assert static.async_training.dynamic_schedule_policy == "static_fully_async"  # as the controller builds it
+    # as the controller service builds it:
+    assert static.async_training.dynamic_schedule_policy == "static_fully_async"
     assert scenario.workload.kind == "normal"  # no simulator.workload: the sim engine's response lengths
 
 
