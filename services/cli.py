@@ -5,9 +5,9 @@ services/launcher.py (which starts Redis and every service as its own process);
 `status`, `activate`, `deactivate` and `policy` find the controller's admin API
 through Redis (`names.controller_admin`) and talk to it over HTTP; `simulate` and
 `plan` come from `sim.cli` when the simulator is installed and read the same config
-file; `config-check` validates a config and `config-schema` prints its JSON schema. Every failure prints
-one clear line on stderr and exits non-zero: 2 for bad arguments (argparse), 1 for
-everything else, 130 on Ctrl-C.
+file; `config-check` validates a config, `config-schema` prints its JSON schema.
+Every failure prints one clear line on stderr and exits non-zero: 2 for bad
+arguments (argparse), 1 for everything else, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
