@@ -4,9 +4,10 @@ Where it sits: the only user-facing entry point. `run` and `up` hand the config 
 services/launcher.py (which starts Redis and every service as its own process);
 `status`, `activate`, `deactivate` and `policy` find the controller's admin API
 through Redis (`names.controller_admin`) and talk to it over HTTP; `simulate` and
-`plan` come from `sim.cli` when the simulator is installed. Every failure prints
-one clear line on stderr and exits non-zero: 2 for bad arguments (argparse), 1 for
-everything else, 130 on Ctrl-C.
+`plan` come from `sim.cli` when the simulator is installed and read the same config
+file; `config-check` validates a config, `config-schema` prints its JSON schema.
+Every failure prints one clear line on stderr and exits non-zero: 2 for bad
+arguments (argparse), 1 for everything else, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from typing import Any
 import httpx
 import redis
 
+from policies.check import load_checked_config
 from services import launcher
+from shared.config import config_json_schema
 from shared.names import DEFAULT_NAMESPACE, Names
 
 DEFAULT_REDIS_URL = os.environ.get("DYNSCHED_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -161,8 +164,27 @@ def build_parser() -> argparse.ArgumentParser:
                          help="Redis holding the admin address (default $DYNSCHED_REDIS_URL or %(default)s)")
         sub.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="run.namespace (default %(default)s)")
         sub.add_argument("--admin", metavar="HOST:PORT", help="talk to this admin address, skipping Redis")
+    add_config_subcommands(commands)
     add_sim_subcommands(commands)
     return parser
+
+
+def add_config_subcommands(commands: Any) -> None:
+    """`config-check FILE` (every check `run` makes before starting anything) and `config-schema`."""
+    check = commands.add_parser("config-check", help="validate a config file (one line per mistake)")
+    check.add_argument("config", help="run config YAML")
+    check.set_defaults(handler=config_check_command)
+    schema = commands.add_parser("config-schema", help="print the config file's JSON schema (for editors)")
+    schema.set_defaults(handler=lambda args: print_json(config_json_schema()))
+
+
+def config_check_command(args: argparse.Namespace) -> int:
+    config = load_checked_config(args.config)
+    at = config.async_training
+    policy = at.dynamic_schedule_policy if at.use_dynamic_resource_scheduling else "static_fully_async"
+    print(f"{args.config}: ok ({len(config.standalone_ids)} standalone + {len(config.hybrid_ids)} hybrid "
+          f"replicas, policy {policy})")
+    return 0
 
 
 def add_sim_subcommands(commands: Any) -> None:
@@ -191,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("run", "up"):
             if not Path(args.config).is_file():
                 raise CliError(f"config file not found: {args.config}")
+            load_checked_config(args.config)  # every config mistake is one line before any service starts
             out_dir = args.out or default_out_dir(args.config, "up-" if args.command == "up" else "")
             if args.command == "up":
                 return up_command(config_path=args.config, out_dir=out_dir, redis_url=args.redis_url,

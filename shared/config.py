@@ -1,218 +1,242 @@
 """Typed run configuration, parsed from YAML in one place (STYLE.md rule 8).
 
 Where it sits: `dynsched run --config FILE` loads this once and hands the same
-file to every service process; each service reads the sections it needs.
-Parameter names follow the original system (`async_training.*`,
-`rollout.*`) so users can port their configs. Every value is validated in
-`__post_init__`; a wrong value raises ValueError naming the key and value,
-an unknown key raises ValueError listing the known ones.
+file to every service process; each service reads the sections it needs, and
+`dynsched simulate --config FILE` reads the very same file (plus the optional
+`simulator` section, shared/sim_config.py, for what only the planner needs).
+Parameter names follow the original system (`async_training.*`, `rollout.*`)
+so users can port their configs.
+
+Each section is a frozen pydantic model: unknown keys, wrong types, NaN and
+infinities are rejected, numbers are range-checked per field, and the
+cross-section rules live in `Config`'s validator. Every failure surfaces as one
+`ConfigError` (a ValueError) on one line naming the file, the key path and the
+value, e.g. `config: run.yaml: async_training.staleness_threshold=inf is
+invalid: expected a finite number`. docs/contracts.md explains why pydantic.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared.config_errors import ConfigError, format_errors
+
+__all__ = ["Config", "ConfigError", "config_from_dict", "config_json_schema", "config_to_dict", "load_config",
+           "replace_config"]
+
+ROLLOUTER_MONITOR_INTERVAL_S = 0.1
+"""Wall seconds between two looks of the rollouter's monitor at the pause condition."""
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]+$"
+"""Redis key prefix of a run: no glob characters, so `--fresh` can only ever match this run's keys."""
+
+NonNegative = Annotated[float, Field(ge=0)]
+"""Finite (every section forbids NaN and infinities) and never negative."""
+Seconds = NonNegative
+"""A duration."""
+Positive = Annotated[float, Field(gt=0)]
+Count = Annotated[int, Field(ge=1)]
 
 
-def _check(condition: bool, key: str, value: Any, expected: str) -> None:
-    if not condition:
-        raise ValueError(f"config: {key}={value!r} is invalid: expected {expected}")
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ResponseLengthConfig:
+class ResponseLengthConfig(_Section):
     """Sim response lengths in tokens: normal(mean, std) clipped to [min, max], drifting with version."""
 
-    mean: float = 256.0
-    std: float = 64.0
-    min_tokens: int = 8
+    mean: Positive = 256.0
+    std: NonNegative = 64.0
+    min_tokens: Count = 8
     drift_per_version: float = 0.0
     """Fractional growth of the mean per weight version (RL responses lengthen)."""
 
-    def __post_init__(self) -> None:
-        _check(self.mean > 0, "response_length.mean", self.mean, "> 0")
-        _check(self.std >= 0, "response_length.std", self.std, ">= 0")
-        _check(self.min_tokens >= 1, "response_length.min_tokens", self.min_tokens, ">= 1")
 
-
-@dataclass(frozen=True, kw_only=True)
-class SimEngineConfig:
+class SimEngineConfig(_Section):
     """Timing model of one GPU rollout replica (seconds are modelled seconds, see run.time_scale)."""
 
-    prefill_s_per_token: float = 0.0002
-    decode_s_per_step: float = 0.02
+    prefill_s_per_token: Seconds = 0.0002
+    decode_s_per_step: Seconds = 0.02
     """Time of one decode step (one token for every running request) at batch size 1."""
-    batch_slowdown: float = 0.002
+    batch_slowdown: NonNegative = 0.002
     """A decode step takes decode_s_per_step * (1 + batch_slowdown * running_requests)."""
-    sleep_s: float = 2.0
-    wake_s: float = 2.0
-    weight_sync_s: float = 1.0
-    response_length: ResponseLengthConfig = field(default_factory=ResponseLengthConfig)
-
-    def __post_init__(self) -> None:
-        for name in ("prefill_s_per_token", "decode_s_per_step", "batch_slowdown", "sleep_s", "wake_s", "weight_sync_s"):
-            value = getattr(self, name)
-            _check(value >= 0, f"rollout.sim.{name}", value, ">= 0")
+    sleep_s: Seconds = 2.0
+    wake_s: Seconds = 2.0
+    weight_sync_s: Seconds = 1.0
+    response_length: ResponseLengthConfig = Field(default_factory=ResponseLengthConfig)
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunConfig:
+class RunConfig(_Section):
     name: str = "dynsched"
-    time_scale: float = 1.0
+    time_scale: Positive = 1.0
     """Wall seconds per modelled second for sim backends (0.01 = 100x faster than a GPU)."""
     seed: int = 0
-    namespace: str = "dynsched"
-    admin_port: int = 0
+    namespace: Annotated[str, Field(pattern=NAMESPACE_PATTERN)] = "dynsched"
+    """Prefix of every Redis key of the run; letters, digits, '_', '.' and '-' only."""
+    admin_port: Annotated[int, Field(ge=0, le=65535)] = 0
     """Controller admin API port; 0 picks a free one (published in Redis for the CLI)."""
     work_dir: str = "runs/work"
     """Real backends: published weight versions (`weights/`) and trainer checkpoints (`checkpoints/`)."""
 
-    def __post_init__(self) -> None:
-        _check(self.time_scale > 0, "run.time_scale", self.time_scale, "> 0")
-        _check(0 <= self.admin_port < 65536, "run.admin_port", self.admin_port, "0..65535")
 
-
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    total_rollout_steps: int
+class DataConfig(_Section):
+    total_rollout_steps: Count
     """Number of prompts (samples) to generate over the run."""
-    n: int = 4
+    n: Count = 4
     """Responses per prompt (rollout.n in the original)."""
-    task: str = "sim"
+    task: Literal["sim", "addition"] = "sim"
     """'sim' (synthetic prompts, modelled reward) or 'addition' (rl.task, exact-match reward)."""
-    max_response_length: int = 1024
-    prompt_length: int = 64
-
-    def __post_init__(self) -> None:
-        _check(self.total_rollout_steps >= 1, "data.total_rollout_steps", self.total_rollout_steps, ">= 1")
-        _check(self.n >= 1, "data.n", self.n, ">= 1")
-        _check(self.task in ("sim", "addition"), "data.task", self.task, "'sim' or 'addition'")
-        _check(self.max_response_length >= 1, "data.max_response_length", self.max_response_length, ">= 1")
+    max_response_length: Count = 1024
+    prompt_length: Count = 64
 
 
-@dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    ppo_mini_batch_size: int
-    num_gpus: int = 8
-    backend: str = "sim"
-    time_per_sample_s: float = 1.0
+class TrainerConfig(_Section):
+    ppo_mini_batch_size: Count
+    num_gpus: Count = 8
+    backend: Literal["sim", "torch"] = "sim"
+    time_per_sample_s: Seconds = 1.0
     """Sim: modelled seconds of training compute per sample on ONE trainer GPU."""
-    offload_s: float = 1.0
+    offload_s: Seconds = 1.0
     """Sim: modelled seconds to offload/onload training state when hybrids need the GPUs."""
     model_dir: str = ""
     """torch backend: the model directory (built by `python -m rl.model build`)."""
     checkpoint_dir: str = ""
-    learning_rate: float = 3e-4
-
-    def __post_init__(self) -> None:
-        _check(self.ppo_mini_batch_size >= 1, "trainer.ppo_mini_batch_size", self.ppo_mini_batch_size, ">= 1")
-        _check(self.num_gpus >= 1, "trainer.num_gpus", self.num_gpus, ">= 1")
-        _check(self.backend in ("sim", "torch"), "trainer.backend", self.backend, "'sim' or 'torch'")
-        _check(self.time_per_sample_s >= 0, "trainer.time_per_sample_s", self.time_per_sample_s, ">= 0")
+    learning_rate: Positive = 3e-4
 
 
-@dataclass(frozen=True, kw_only=True)
-class AsyncTrainingConfig:
+class AsyncTrainingConfig(_Section):
     """The original's `async_training` section, same names and defaults."""
 
-    staleness_threshold: float = 0.1
-    trigger_parameter_sync_step: int = 4
-    require_batches: int = 1
+    staleness_threshold: NonNegative = 0.1
+    trigger_parameter_sync_step: Count = 4
+    require_batches: Count = 1
     partial_rollout: bool = True
     use_dynamic_resource_scheduling: bool = False
     dynamic_schedule_policy: str = "default"
+    """A registered policy name (built-ins: default, fixed_ratio, static_fully_async)."""
     dynamic_schedule_policy_module: str = ""
     """Importable module holding a user policy; importing it runs its @register_policy."""
-    dynamic_schedule_deactivate_ratio: float = 0.3
+    dynamic_schedule_deactivate_ratio: Annotated[float, Field(ge=0, le=1)] = 0.3
     dynamic_schedule_enable_rebalance: bool = True
-    concurrent_samples_per_replica: int = 16
-
-    def __post_init__(self) -> None:
-        key = "async_training."
-        _check(self.staleness_threshold >= 0, key + "staleness_threshold", self.staleness_threshold, ">= 0")
-        _check(self.trigger_parameter_sync_step >= 1, key + "trigger_parameter_sync_step",
-               self.trigger_parameter_sync_step, ">= 1")
-        _check(self.require_batches >= 1, key + "require_batches", self.require_batches, ">= 1")
-        _check(0.0 <= self.dynamic_schedule_deactivate_ratio <= 1.0, key + "dynamic_schedule_deactivate_ratio",
-               self.dynamic_schedule_deactivate_ratio, "within [0, 1]")
-        _check(self.concurrent_samples_per_replica >= 1, key + "concurrent_samples_per_replica",
-               self.concurrent_samples_per_replica, ">= 1")
+    concurrent_samples_per_replica: Count = 16
 
 
-@dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
+class RolloutConfig(_Section):
     """Standalone pool (`nnodes` x `n_gpus_per_node`) and replica shape."""
 
-    nnodes: int = 1
-    n_gpus_per_node: int = 8
-    tensor_model_parallel_size: int = 8
+    nnodes: Annotated[int, Field(ge=0)] = 1
+    n_gpus_per_node: Count = 8
+    tensor_model_parallel_size: Count = 8
     """GPUs per replica; hybrids number trainer.num_gpus // this."""
-    backend: str = "sim"
-    retry_delay_s: float = 1.0
+    backend: Literal["sim", "vllm"] = "sim"
+    retry_delay_s: Seconds = 1.0
     """Partial-rollout retry delay after an abort (the original sleeps 1 s)."""
-    gpu_memory_utilization: float = 0.1
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.1
     """vLLM: fraction of GPU memory per replica (on CPU builds: of host RAM)."""
-    temperature: float = 1.0
-    max_model_len: int = 64
-    max_num_seqs: int = 128
-    standalone_weight_transport: str = "filesystem"
+    temperature: Positive = 1.0
+    max_model_len: Count = 64
+    max_num_seqs: Count = 128
+    """Engine cap on concurrently running requests (the simulator queues the rest in the engine)."""
+    standalone_weight_transport: Literal["filesystem", "nccl", "gloo"] = "filesystem"
     """How standalones get new weights: 'filesystem' (reload a version directory), or a push the
     trainer drives, falling back to the filesystem if it fails: 'nccl' (CUDA) or 'gloo' (CPU)."""
-    hybrid_weight_transport: str = "filesystem"
+    hybrid_weight_transport: Literal["filesystem", "ipc", "gloo"] = "filesystem"
     """Same for hybrids: 'filesystem', 'ipc' (CUDA IPC on the trainer's GPUs) or 'gloo'."""
     weight_transfer_address: str = "127.0.0.1"
     """The trainer's address as the workers reach it (nccl/gloo rendezvous)."""
-    sim: SimEngineConfig = field(default_factory=SimEngineConfig)
-
-    def __post_init__(self) -> None:
-        _check(self.nnodes >= 0, "rollout.nnodes", self.nnodes, ">= 0")
-        _check(self.n_gpus_per_node >= 1, "rollout.n_gpus_per_node", self.n_gpus_per_node, ">= 1")
-        _check(self.tensor_model_parallel_size >= 1, "rollout.tensor_model_parallel_size",
-               self.tensor_model_parallel_size, ">= 1")
-        _check(self.backend in ("sim", "vllm"), "rollout.backend", self.backend, "'sim' or 'vllm'")
-        _check(self.retry_delay_s >= 0, "rollout.retry_delay_s", self.retry_delay_s, ">= 0")
-        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
-               self.gpu_memory_utilization, "within (0, 1]")
-        _check(self.temperature > 0, "rollout.temperature", self.temperature, "> 0")
-        _check(self.standalone_weight_transport in ("filesystem", "nccl", "gloo"),
-               "rollout.standalone_weight_transport", self.standalone_weight_transport,
-               "'filesystem', 'nccl' or 'gloo'")
-        _check(self.hybrid_weight_transport in ("filesystem", "ipc", "gloo"), "rollout.hybrid_weight_transport",
-               self.hybrid_weight_transport, "'filesystem', 'ipc' or 'gloo'")
+    sim: SimEngineConfig = Field(default_factory=SimEngineConfig)
 
     @property
     def num_standalone_gpus(self) -> int:
         return self.nnodes * self.n_gpus_per_node
 
 
-@dataclass(frozen=True, kw_only=True)
-class Config:
+class SimWorkloadConfig(_Section):
+    """Simulator: log-normal token lengths, clipped; the response median drifts linearly over the run.
+    Without this section the simulator draws what the sim engine draws (`rollout.sim.response_length`)."""
+
+    prompt_tokens_median: Positive
+    response_tokens_median_start: Positive
+    response_tokens_median_end: Positive
+    prompt_tokens_sigma: NonNegative = 0.4
+    prompt_tokens_max: Count = 4096
+    response_tokens_sigma: NonNegative = 1.0
+    response_tokens_max: Count = 65536
+
+
+class SimTrainerConfig(_Section):
+    """Simulator: a micro-step also costs fixed + tokens * cost / speedup(units), on top of
+    `trainer.time_per_sample_s` (set that to 0 to use only this token-based model)."""
+
+    seconds_per_ktoken: Seconds = 0.0
+    """Compute seconds per 1000 trained tokens on one trainer unit."""
+    fixed_s_per_micro_step: Seconds = 0.0
+    """Per micro-step overhead that does not shrink with more GPUs."""
+    scaling_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Speedup per doubling of trainer units is 2 * this (data-parallel efficiency)."""
+
+
+class SimulatorConfig(_Section):
+    """What only `dynsched simulate` / `plan` need; everything else comes from the run sections."""
+
+    description: str = ""
+    reference_hours: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    """Measured wall times to compare against (label -> hours), documentation only."""
+    trainer_unit_gpus: Count = 1
+    """Smallest trainer parallel group (TP*PP*EP); the planner moves GPUs in multiples of it."""
+    hybrid_speed_factor: Positive = 1.0
+    """Hybrid decode speed relative to a standalone (e.g. a smaller KV cache)."""
+    rebalance_poll_s: Seconds = 0.2
+    """The rebalance drain polls in-flight count at this period (original constant)."""
+    monitor_interval_s: Annotated[float, Field(gt=0)] | None = None
+    """Rollouter monitor period in modelled seconds; unset: the rollouter service's 0.1 wall
+    seconds, i.e. 0.1 / run.time_scale (the original verl checks every 10 s)."""
+    workload: SimWorkloadConfig | None = None
+    trainer: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
+
+
+def _check(condition: bool, key: str, value: Any, expected: str) -> None:
+    if not condition:
+        raise ValueError(f"{key}={value!r} is invalid: expected {expected}")
+
+
+class Config(_Section):
+    """One run: what `dynsched run` starts and `dynsched simulate` models."""
+
     data: DataConfig
     trainer: TrainerConfig
-    run: RunConfig = field(default_factory=RunConfig)
-    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
+    """Only `dynsched simulate` / `plan` read this: workload shape and timing priors (docs/simulator.md)."""
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check_across_sections(self) -> Config:
         tp = self.rollout.tensor_model_parallel_size
         _check(self.rollout.num_standalone_gpus % tp == 0, "rollout.n_gpus_per_node",
                self.rollout.n_gpus_per_node, f"standalone GPUs divisible by tensor_model_parallel_size={tp}")
         if self.async_training.use_dynamic_resource_scheduling:
             _check(self.trainer.num_gpus % tp == 0, "trainer.num_gpus", self.trainer.num_gpus,
                    f"divisible by tensor_model_parallel_size={tp} to host hybrid replicas")
+        unit = self.simulator.trainer_unit_gpus
+        _check(self.trainer.num_gpus % unit == 0, "trainer.num_gpus", self.trainer.num_gpus,
+               f"a multiple of simulator.trainer_unit_gpus={unit}")
         if self.rollout.backend == "vllm" or self.trainer.backend == "torch":
             _check(bool(self.trainer.model_dir), "trainer.model_dir", self.trainer.model_dir,
                    "a model directory (build one with `python -m rl.model build --out DIR`)")
         for key in ("standalone_weight_transport", "hybrid_weight_transport"):
             value = getattr(self.rollout, key)
-            _check(value == "filesystem" or (self.rollout.backend == "vllm" and self.trainer.backend == "torch"),
-                   f"rollout.{key}", value, "'filesystem' unless rollout.backend is vllm and trainer.backend torch")
+            pushable = self.rollout.backend == "vllm" and self.trainer.backend == "torch"
+            _check(value == "filesystem" or pushable, f"rollout.{key}", value,
+                   "'filesystem' unless rollout.backend is vllm and trainer.backend torch")
         _check(bool(self.standalone_ids or self.hybrid_ids), "rollout.nnodes", self.rollout.nnodes,
                ">= 1, or use_dynamic_resource_scheduling with hybrid replicas (colocated mode)")
+        return self
 
     @property
     def standalone_ids(self) -> tuple[str, ...]:
@@ -238,59 +262,54 @@ class Config:
 
 
 def load_config(path: str | Path) -> Config:
-    """Read a YAML file into a validated Config."""
-    data = yaml.safe_load(Path(path).read_text())
+    """Read a YAML file into a validated Config; any problem is one ConfigError line naming the file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"config: {path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config: {where}: YAML syntax error: {problem}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config: {path} must hold a mapping at the top level")
-    return config_from_dict(data)
+        raise ConfigError(f"config: {path}: expected a mapping of sections at the top level, "
+                          f"got {type(data).__name__}")
+    return config_from_dict(data, source=str(path))
 
 
-def config_from_dict(data: dict[str, Any]) -> Config:
-    return _build(Config, data, "")
+def config_from_dict(data: dict[str, Any], *, source: str = "") -> Config:
+    """Validate a plain dict (as YAML gives it); `source` names the file in error messages."""
+    prefix = f"config: {source}: " if source else "config: "
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(prefix + format_errors(exc, Config)) from None
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """Plain data (YAML/JSON-safe) that `config_from_dict` reads back into an equal Config."""
+    return config.model_dump(mode="python")
 
 
-def _build(cls: Any, data: Any, prefix: str) -> Any:
-    if not isinstance(data, dict):
-        raise ValueError(f"config: {prefix or 'top level'} must be a mapping, got {data!r}")
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ValueError(f"config: unknown key(s) {', '.join(prefix + k for k in unknown)}; "
-                         f"known under {prefix or 'top level'}: {', '.join(sorted(known))}")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        annotation = str(known[name].type)
-        nested = _NESTED.get(annotation)
-        kwargs[name] = _build(nested, value, f"{prefix}{name}.") if nested else _scalar(annotation, value, prefix + name)
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"config: {prefix or 'top level'}: {exc}") from exc
+def replace_config(config: Config, changes: dict[str, Any]) -> Config:
+    """A re-validated copy with dotted keys changed, e.g. {"trainer.num_gpus": 8}."""
+    data = config_to_dict(config)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        if leaf not in node:
+            raise ConfigError(f"config: unknown key {dotted}")
+        node[leaf] = value
+    return config_from_dict(data)
 
 
-def _scalar(annotation: str, value: Any, key: str) -> Any:
-    expected = _SCALAR_TYPES.get(annotation)
-    if expected is None:
-        return value
-    if isinstance(value, bool) and annotation != "bool":
-        raise ValueError(f"config: {key}={value!r} is invalid: expected {annotation}")
-    if not isinstance(value, expected):
-        raise ValueError(f"config: {key}={value!r} is invalid: expected {annotation}")
-    return float(value) if annotation == "float" else value
-
-
-_SCALAR_TYPES: dict[str, Any] = {"int": int, "float": (int, float), "bool": bool, "str": str}
-
-_NESTED: dict[str, Any] = {
-    "DataConfig": DataConfig,
-    "TrainerConfig": TrainerConfig,
-    "RunConfig": RunConfig,
-    "AsyncTrainingConfig": AsyncTrainingConfig,
-    "RolloutConfig": RolloutConfig,
-    "SimEngineConfig": SimEngineConfig,
-    "ResponseLengthConfig": ResponseLengthConfig,
-}
+def config_json_schema() -> dict[str, Any]:
+    """JSON schema of the config file, for editors (`dynsched config-schema`)."""
+    schema = Config.model_json_schema()
+    schema["title"] = "dynsched run config"
+    return schema

@@ -1,14 +1,14 @@
 """Calibrate a scenario's two free parameters on two measured static runs.
 
-Where it sits: a one-off tool (``python -m sim.calibrate --scenario FILE
-[--write]``); its result is stored in the scenario YAML and checked by
+Where it sits: a one-off tool (``python -m sim.calibrate --config FILE
+[--write]``); its result is stored in the config YAML and checked by
 tests/test_sim_calibration.py. Only the *static* runs are used, so the
 dynamic prediction is an out-of-sample check, not a fit.
 
 Free parameters and the run that pins each (the other is almost insensitive):
 
-- ``replica.decode_step_s`` <- the production-bound split (16 train + 16 rollout);
-- ``trainer.seconds_per_ktoken`` <- the consumption-bound split (8 train + 24 rollout).
+- ``rollout.sim.decode_s_per_step`` <- the production-bound split (16 train + 16 rollout);
+- ``simulator.trainer.seconds_per_ktoken`` <- the consumption-bound split (8 train + 24 rollout).
 
 Method: Newton's method in log space with a finite-difference Jacobian
 (simulated times are close to power laws in both parameters), stopping when
@@ -35,17 +35,18 @@ class Target:
     hours: float
 
 
-SEED_TARGETS = (Target(train_gpus=16, rollout_gpus=16, hours=6.546), Target(train_gpus=8, rollout_gpus=24, hours=6.379))
+SEED_TARGETS = (Target(train_gpus=16, rollout_gpus=16, hours=6.546),
+                Target(train_gpus=8, rollout_gpus=24, hours=6.379))
 
 
 def with_params(scenario: Scenario, decode_step_s: float, seconds_per_ktoken: float) -> Scenario:
-    return scenario.with_section("replica", decode_step_s=decode_step_s).with_section(
-        "trainer", seconds_per_ktoken=seconds_per_ktoken)
+    return scenario.with_changes({"rollout.sim.decode_s_per_step": decode_step_s,
+                                  "simulator.trainer.seconds_per_ktoken": seconds_per_ktoken})
 
 
 def static_hours(scenario: Scenario, targets: tuple[Target, ...] = SEED_TARGETS) -> list[float]:
-    static = scenario.with_policy("static")
-    return [simulate(static.with_split(t.train_gpus, t.rollout_gpus)).wall_s / 3600.0 for t in targets]
+    return [simulate(scenario.with_split(t.train_gpus, t.rollout_gpus, policy="static")).wall_s / 3600.0
+            for t in targets]
 
 
 def calibrate(scenario: Scenario, targets: tuple[Target, ...] = SEED_TARGETS, *, tol: float = 0.002,
@@ -86,7 +87,7 @@ def calibrate(scenario: Scenario, targets: tuple[Target, ...] = SEED_TARGETS, *,
 def write_params(path: Path, decode_step_s: float, seconds_per_ktoken: float) -> None:
     """Rewrite the two calibrated values in place, keeping every comment."""
     text = path.read_text()
-    for key, value in (("decode_step_s", decode_step_s), ("seconds_per_ktoken", seconds_per_ktoken)):
+    for key, value in (("decode_s_per_step", decode_step_s), ("seconds_per_ktoken", seconds_per_ktoken)):
         text, count = re.subn(rf"^(\s*{key}:\s*)[0-9.eE+-]+", rf"\g<1>{value:.6g}", text, flags=re.M)
         if count != 1:
             raise ValueError(f"{path}: expected exactly one '{key}:' line, found {count}")
@@ -95,17 +96,19 @@ def write_params(path: Path, decode_step_s: float, seconds_per_ktoken: float) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.calibrate", description=__doc__.split("\n")[0])
-    parser.add_argument("--scenario", required=True, type=Path)
-    parser.add_argument("--write", action="store_true", help="store the result in the scenario file")
+    parser.add_argument("--config", "--scenario", dest="config", required=True, type=Path,
+                        help="run config YAML with a simulator section (scenarios/)")
+    parser.add_argument("--write", action="store_true", help="store the result in the config file")
     args = parser.parse_args(argv)
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.config)
     decode_step_s, seconds_per_ktoken, hours = calibrate(scenario)
     for target, h in zip(SEED_TARGETS, hours, strict=True):
-        print(f"{target.train_gpus}-{target.rollout_gpus} static: simulated {h:.3f} h, measured {target.hours} h "
-              f"({(h / target.hours - 1) * 100:+.2f}%)")
-    print(f"decode_step_s: {decode_step_s:.6g}\nseconds_per_ktoken: {seconds_per_ktoken:.6g}")
+        print(f"{target.train_gpus}-{target.rollout_gpus} static: simulated {h:.3f} h, "
+              f"measured {target.hours} h ({(h / target.hours - 1) * 100:+.2f}%)")
+    print(f"rollout.sim.decode_s_per_step: {decode_step_s:.6g}\n"
+          f"simulator.trainer.seconds_per_ktoken: {seconds_per_ktoken:.6g}")
     if args.write:
-        write_params(args.scenario, decode_step_s, seconds_per_ktoken)
+        write_params(args.config, decode_step_s, seconds_per_ktoken)
     return 0
 
 

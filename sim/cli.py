@@ -5,9 +5,12 @@ Where it sits: ``add_subcommands(subparsers)`` registers both on the main
 standalone. This module only parses arguments, calls ``sim.run`` /
 ``sim.plan``, prints and writes files.
 
-    simulate --scenario FILE [--policy NAME] [--split T:R] [--compare T:R,...]
+    simulate --config FILE [--policy NAME] [--split T:R] [--compare T:R,...]
              [--policy-module MOD] [--prompts N] [--out DIR] [--json]
-    plan     --scenario FILE [--policy-module MOD] [--prompts N] [--workers K]
+    plan     --config FILE [--policy-module MOD] [--prompts N] [--workers K]
+
+FILE is a run config, the same file `dynsched run` takes (configs/*.yaml, or the
+planning scenarios in scenarios/*.yaml); ``--scenario`` is an alias of ``--config``.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from policies import load_policy_module
+from policies import load_policy_module, registered_policies
+from policies.check import check_policy
+from shared.config import ConfigError, load_config
 from sim.plan import format_table, plan, recommend
 from sim.result import SimResult
 from sim.run import simulate
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario
 
 
 def parse_split(text: str) -> tuple[int, int]:
@@ -34,9 +39,16 @@ def parse_split(text: str) -> tuple[int, int]:
 
 
 def _load(args: argparse.Namespace) -> Scenario:
+    """The config as the simulator's view; every mistake is one ConfigError line naming the file."""
     for module in args.policy_module:
         load_policy_module(module)
-    scenario = load_scenario(args.scenario)
+    config = load_config(args.config)
+    check_policy(config, source=args.config)
+    policy = getattr(args, "policy", "")
+    if policy and policy != "static" and policy not in registered_policies():
+        raise ConfigError(f"--policy {policy!r} is not a registered policy: expected static or one of "
+                          f"{', '.join(registered_policies())} (user policies need --policy-module)")
+    scenario = Scenario.from_config(config, source=args.config)
     if args.prompts:
         scenario = scenario.with_prompts(args.prompts)
     return scenario
@@ -56,17 +68,18 @@ HEADER = (f"{'run':<28} {'wall h':>7} {'bound h':>7} {'x bound':>7} {'activ.':>6
 def cmd_simulate(args: argparse.Namespace) -> int:
     scenario = _load(args)
     if args.split:
-        scenario = scenario.with_split(*args.split)
-    if args.policy:
+        scenario = scenario.with_split(*args.split, policy=args.policy)
+    elif args.policy:
         scenario = scenario.with_policy(args.policy)
     results = [simulate(scenario)]
     for train, rollout in args.compare:
-        results.append(simulate(scenario.with_split(train, rollout).with_policy("static")))
+        results.append(simulate(scenario.with_split(train, rollout, policy="static")))
     main = results[0]
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps([r.to_dict(with_series=False) for r in results], indent=2))
+        summary = [r.to_dict(with_series=False) for r in results]
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
         with (out / "cycles.jsonl").open("w") as fh:
             for res in results:
                 for cycle in res.cycles:
@@ -79,14 +92,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         json.dump(payload, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(f"scenario {scenario.name}: {scenario.async_training.total_rollout_steps} prompts, "
+    print(f"config {scenario.name}: {scenario.async_training.total_rollout_steps} prompts, "
           f"{scenario.cluster.total_gpus} GPUs")
     print(HEADER)
     for res in results:
         print(_row(res))
     s = main.samples
-    print(f"samples: fed {s['fed']} = generating {s['generating']} + queued {s['queued']} + trained {s['trained']}"
-          f" + dropped {s['dropped']}; retried attempts {s['retried_attempts']}; "
+    print(f"samples: fed {s['fed']} = generating {s['generating']} + queued {s['queued']} "
+          f"+ trained {s['trained']} + dropped {s['dropped']}; retried attempts {s['retried_attempts']}; "
           f"switches {main.activations} activations / {main.deactivations} deactivations")
     if args.out:
         print(f"wrote {args.out}/summary.json, cycles.jsonl and PNG charts")
@@ -97,7 +110,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     scenario = _load(args)
     rows = plan(scenario, policy_modules=tuple(args.policy_module), workers=args.workers)
     best = recommend(rows)
-    print(f"scenario {scenario.name}: {scenario.cluster.total_gpus} GPUs, "
+    print(f"config {scenario.name}: {scenario.cluster.total_gpus} GPUs, "
           f"{scenario.async_training.total_rollout_steps} prompts")
     print(format_table(rows, recommended=best))
     kind = "plain fully-async" if best.policy == "static" else f"dynamic scheduling, policy {best.policy!r}"
@@ -107,7 +120,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", required=True, help="scenario YAML (see scenarios/)")
+    parser.add_argument("--config", "--scenario", dest="config", required=True,
+                        help="run config YAML, as for `dynsched run` (configs/, scenarios/)")
     parser.add_argument("--policy-module", action="append", default=[],
                         help="import this module first so its @register_policy runs (repeatable)")
     parser.add_argument("--prompts", type=int, default=0, help="override total_rollout_steps (quick looks)")
@@ -131,7 +145,8 @@ def add_subcommands(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim.cli", description="dynsched discrete-event simulator")
+    parser = argparse.ArgumentParser(prog="python -m sim.cli",
+                                     description="dynsched discrete-event simulator")
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:

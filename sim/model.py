@@ -5,10 +5,13 @@ replica and routes ``Request`` attempts to them through the real load-balancer
 state (``core.routing``). The model is deliberately small:
 
 - Lengths: each sample has ``n`` trajectories; prompt and response lengths are
-  log-normal, clipped, drawn once per run from the scenario seed, and indexed
-  by sample position (so every schedule sees the same prompts and the ideal
-  bound is schedule-independent). The response median drifts linearly from
-  start to end of the run, as RL responses grow.
+  drawn once per run from the run seed and indexed by sample position (so
+  every schedule sees the same prompts and the ideal bound is
+  schedule-independent): log-normal, clipped, with a response median drifting
+  linearly from start to end of the run, as RL responses grow; or, without a
+  ``simulator.workload`` section, the sim engine's normal(mean, std) growing by
+  ``drift_per_version`` per weight version (sample k counts as version
+  k // step_required) and a fixed prompt length.
 - Decode: all decoding requests of a replica advance in lock-step, one token
   per step, and a step takes ``decode_step_s * (1 + b / batch_half_requests)``
   for ``b`` decoding requests. The replica keeps a *virtual token clock* ``V``
@@ -31,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from sim.engine import Engine
-from sim.scenario import ReplicaConfig, WorkloadConfig
+from sim.scenario import ReplicaTiming, WorkloadShape
 
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 
@@ -39,17 +42,24 @@ WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 class Workload:
     """Pre-drawn token lengths: ``prompt[k]`` and ``response[k, j]`` for sample k, trajectory j."""
 
-    def __init__(self, cfg: WorkloadConfig, *, num_samples: int, n: int, seed: int) -> None:
+    def __init__(self, cfg: WorkloadShape, *, num_samples: int, n: int, seed: int) -> None:
         rng = np.random.default_rng(seed)
         z_prompt = rng.standard_normal(num_samples)
         z_resp = rng.standard_normal((num_samples, n))
-        progress = np.arange(num_samples) / max(1, num_samples - 1)
-        median = cfg.response_tokens_median_start + progress * (
-            cfg.response_tokens_median_end - cfg.response_tokens_median_start)
         prompt = np.exp(math.log(cfg.prompt_tokens_median) + cfg.prompt_tokens_sigma * z_prompt)
-        response = np.exp(np.log(median)[:, None] + cfg.response_tokens_sigma * z_resp)
         self.prompt: list[int] = np.clip(np.rint(prompt), 1, cfg.prompt_tokens_max).astype(int).tolist()
-        self.response: list[list[int]] = np.clip(np.rint(response), 1, cfg.response_tokens_max).astype(int).tolist()
+        if cfg.kind == "normal":  # as the sim engine draws: int(normal(mean, std)), mean growing per version
+            version = np.arange(num_samples) // max(1, cfg.samples_per_version)
+            mean = cfg.response_tokens_median_start * (1.0 + cfg.drift_per_version * version)
+            response = np.trunc(mean[:, None] + cfg.response_tokens_sigma * z_resp)
+            low = cfg.response_tokens_min
+        else:
+            progress = np.arange(num_samples) / max(1, num_samples - 1)
+            median = cfg.response_tokens_median_start + progress * (
+                cfg.response_tokens_median_end - cfg.response_tokens_median_start)
+            response = np.rint(np.exp(np.log(median)[:, None] + cfg.response_tokens_sigma * z_resp))
+            low = 1
+        self.response: list[list[int]] = np.clip(response, low, cfg.response_tokens_max).astype(int).tolist()
 
     def sample_tokens(self, k: int) -> int:
         """Tokens the trainer processes for sample k (prompt once per trajectory + responses)."""
@@ -97,8 +107,9 @@ class Request:
 class Replica:
     """One inference engine (standalone or hybrid) under the lock-step decode model."""
 
-    def __init__(self, engine: Engine, cfg: ReplicaConfig, *, replica_id: str, hybrid: bool,
-                 on_finish: Callable[[Replica, Request], None], on_busy: Callable[[Replica, bool], None]) -> None:
+    def __init__(self, engine: Engine, cfg: ReplicaTiming, *, replica_id: str, hybrid: bool,
+                 on_finish: Callable[[Replica, Request], None],
+                 on_busy: Callable[[Replica, bool], None]) -> None:
         self.engine = engine
         self.cfg = cfg
         self.replica_id = replica_id
@@ -143,7 +154,8 @@ class Replica:
         req.sample.note_version(self.version)
         tokens = req.prompt_tokens + req.generated
         self.tokens_prefilled += tokens
-        done_s = max(self.engine.now_s, self._prefill_free_s) + tokens / (self.cfg.prefill_tokens_per_s * self.speed)
+        prefill_s = tokens / (self.cfg.prefill_tokens_per_s * self.speed)
+        done_s = max(self.engine.now_s, self._prefill_free_s) + prefill_s
         self._prefill_free_s = done_s
         self.engine.at(done_s, self._prefill_done, req, req.attempt)
 

@@ -53,14 +53,15 @@ def _run_one(job: tuple[Scenario, int, int, str, tuple[str, ...]]) -> PlanRow:
     scenario, train, rollout, policy, modules = job
     for module in modules:  # worker processes need the user's registrations too
         load_policy_module(module)
-    res = simulate(scenario.with_split(train, rollout).with_policy(policy))
+    res = simulate(scenario.with_split(train, rollout, policy=policy))
     mq = [q for _, q in res.mq_series]
     return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, wall_h=res.wall_s / 3600.0,
                    bound_ratio=res.bound_ratio, activations=res.activations,
                    mean_mq_size=sum(mq) / len(mq) if mq else 0.0)
 
 
-def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: int | None = None) -> list[PlanRow]:
+def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (),
+         workers: int | None = None) -> list[PlanRow]:
     """Every (split, policy) run, fastest first. Splits with no rollout GPUs only run dynamic policies."""
     jobs = []
     for train, rollout in splits(scenario):
@@ -86,7 +87,8 @@ def recommend(rows: list[PlanRow], *, min_gain: float = 0.02) -> PlanRow:
 
 
 def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
-    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'wall h':>7} {'x bound':>7} {'activ.':>6} {'mean mq':>7}"]
+    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'wall h':>7} {'x bound':>7} {'activ.':>6} "
+             f"{'mean mq':>7}"]
     for i, r in enumerate(rows, 1):
         mark = "  <- recommended" if r == recommended else ""
         lines.append(f"{i:>4}  {r.train_gpus:>4}:{r.rollout_gpus:<4}  {r.policy:<20} {r.wall_h:>7.3f} "

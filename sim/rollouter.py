@@ -136,7 +136,7 @@ class SimRollouter:
             replica_id = self.lb.acquire(req.request_id)
         except NoReplicaAvailable:
             # only_hybrid with every hybrid asleep: the client retries every second.
-            self.engine.after(self.scenario.replica.retry_sleep_s, self._route, req)
+            self.engine.after(self.scenario.replica.retry_delay_s, self._route, req)
             return
         self.replicas[replica_id].submit(req)
 
@@ -168,7 +168,7 @@ class SimRollouter:
     def abort(self, replica_ids: tuple[str, ...]) -> int:
         """Abort the replicas' in-flight attempts; each retries after the client back-off."""
         num_aborted = 0
-        delay_s = self.scenario.replica.retry_sleep_s
+        delay_s = self.scenario.replica.retry_delay_s
         for replica_id in replica_ids:
             replica = self.replicas[replica_id]
             for req in replica.abort_all():

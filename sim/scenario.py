@@ -1,57 +1,44 @@
-"""Typed simulator scenarios, loaded from YAML (the only place YAML is parsed in ``sim``).
+"""The simulator's view of one run config: what the timing models read, derived from `shared.config`.
 
-Where it sits: ``sim.cli`` loads a scenario, optionally overrides the policy or
-the train/rollout split, and hands it to ``sim.run.simulate``. Section and
-parameter names follow the original's config (``async_training``, ``rollout``)
-where one exists; the model sections (``workload``, ``replica``, ``trainer``,
-``costs``) are the simulator's own and are documented in docs/simulator.md.
+Where it sits: ``sim.cli`` loads a config with ``shared.config.load_config`` (the
+same loader, names, defaults and errors as ``dynsched run``), wraps it in a
+``Scenario``, optionally overrides the policy or the train/rollout split, and
+hands it to ``sim.run.simulate``. Nothing here parses YAML; every override goes
+back through the config's validation (``Scenario.with_*``).
 
-Every section is a frozen dataclass validated in ``__post_init__``; unknown keys
-are an error, so a typo never silently falls back to a default.
+How the run sections map onto the simulator (docs/simulator.md has the table):
+
+- cluster: ``trainer.num_gpus`` train GPUs, ``rollout.nnodes x n_gpus_per_node``
+  rollout GPUs, ``rollout.tensor_model_parallel_size`` GPUs per replica;
+- replica: the sim engine's ``rollout.sim`` (decode step, batch slowdown,
+  prefill), ``rollout.max_num_seqs`` running requests, ``rollout.retry_delay_s``;
+- costs: a standalone sync is ``rollout.sim.weight_sync_s``; activating a hybrid
+  costs ``trainer.offload_s + wake_s + weight_sync_s``, deactivating it
+  ``sleep_s + trainer.offload_s``;
+- trainer: ``trainer.time_per_sample_s`` per sample on one GPU, plus the token
+  model of ``simulator.trainer``;
+- workload: ``simulator.workload`` (log-normal) if given, else the sim engine's
+  normal response lengths (``rollout.sim.response_length``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
-
-
-def _positive(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not value > 0:
-            raise ValueError(f"{type(obj).__name__}.{name} must be > 0, got {value!r}")
-
-
-def _non_negative(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not value >= 0:
-            raise ValueError(f"{type(obj).__name__}.{name} must be >= 0, got {value!r}")
+from shared.config import ROLLOUTER_MONITOR_INTERVAL_S, Config, ConfigError, load_config, replace_config
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusterConfig:
+class ClusterShape:
     train_gpus: int
     """GPUs of the trainer; with dynamic scheduling they also host the hybrid replicas."""
     rollout_gpus: int
     """GPUs of the standalone rollout pool."""
-    gpus_per_replica: int = 8
-    """GPUs per inference replica (TP*DP*PP of the rollout engine)."""
-    trainer_unit_gpus: int = 8
-    """Smallest trainer parallel group (TP*PP*EP); train_gpus must be a multiple."""
-
-    def __post_init__(self) -> None:
-        _positive(self, "train_gpus", "gpus_per_replica", "trainer_unit_gpus")
-        _non_negative(self, "rollout_gpus")
-        for name, unit in (("train_gpus", self.trainer_unit_gpus), ("train_gpus", self.gpus_per_replica),
-                           ("rollout_gpus", self.gpus_per_replica)):
-            if getattr(self, name) % unit:
-                raise ValueError(f"ClusterConfig.{name}={getattr(self, name)} is not a multiple of {unit}")
+    gpus_per_replica: int
+    trainer_unit_gpus: int
 
     @property
     def total_gpus(self) -> int:
@@ -67,71 +54,59 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AsyncTrainingConfig:
-    """The original's ``async_training`` + ``rollout`` parameters the schedule depends on."""
+class FlowSettings:
+    """The original's ``async_training`` + the batch shape the schedule depends on."""
 
     ppo_mini_batch_size: int
     trigger_parameter_sync_step: int
     staleness_threshold: float
     total_rollout_steps: int
-    """Prompts (samples) the feed emits over the run."""
     n: int
-    """Trajectories per sample (``rollout.n``)."""
-    require_batches: int = 1
-    partial_rollout: bool = True
-    concurrent_samples_per_replica: int = 16
-    use_dynamic_resource_scheduling: bool = True
-    dynamic_schedule_policy: str = "default"
-    dynamic_schedule_deactivate_ratio: float = 0.3
-    dynamic_schedule_enable_rebalance: bool = True
+    require_batches: int
+    partial_rollout: bool
+    concurrent_samples_per_replica: int
+    use_dynamic_resource_scheduling: bool
+    dynamic_schedule_policy: str
+    dynamic_schedule_deactivate_ratio: float
+    dynamic_schedule_enable_rebalance: bool
 
-    def __post_init__(self) -> None:
-        _positive(self, "ppo_mini_batch_size", "trigger_parameter_sync_step", "total_rollout_steps", "n",
-                  "require_batches", "concurrent_samples_per_replica")
-        _non_negative(self, "staleness_threshold")
-        if not self.partial_rollout:
-            raise ValueError("AsyncTrainingConfig.partial_rollout=False is not modelled (deactivation truncates)")
+    @property
+    def step_required(self) -> int:
+        return self.ppo_mini_batch_size * self.require_batches * self.trigger_parameter_sync_step
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkloadConfig:
-    """Token lengths: log-normal, clipped; the response median drifts linearly over the run."""
+class WorkloadShape:
+    """Token lengths per sample: log-normal with a median drifting over the run, or the sim engine's
+    normal(mean, std) growing by ``drift_per_version`` per weight version."""
 
+    kind: str
+    """'lognormal' (``simulator.workload``) or 'normal' (``rollout.sim.response_length``)."""
     prompt_tokens_median: float
     response_tokens_median_start: float
     response_tokens_median_end: float
-    prompt_tokens_sigma: float = 0.4
-    prompt_tokens_max: int = 4096
-    response_tokens_sigma: float = 1.0
-    response_tokens_max: int = 65536
-
-    def __post_init__(self) -> None:
-        _positive(self, "prompt_tokens_median", "response_tokens_median_start", "response_tokens_median_end",
-                  "prompt_tokens_max", "response_tokens_max")
-        _non_negative(self, "prompt_tokens_sigma", "response_tokens_sigma")
+    prompt_tokens_sigma: float
+    prompt_tokens_max: int
+    response_tokens_sigma: float
+    response_tokens_max: int
+    response_tokens_min: int = 1
+    drift_per_version: float = 0.0
+    samples_per_version: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplicaConfig:
+class ReplicaTiming:
     """One inference replica: decode step time grows linearly with the running batch."""
 
     decode_step_s: float
-    """Decode step time at batch size -> 0 (seconds per token per request). Calibrated."""
-    batch_half_requests: float = 32.0
-    """Running batch at which the step time has doubled (throughput saturation scale)."""
-    max_running_requests: int = 128
-    """Engine cap on concurrently decoding requests; the rest wait in the engine."""
-    prefill_tokens_per_s: float = 40000.0
-    """Prefill throughput (prompt, and prompt+partial after an abort)."""
+    """Decode step time at batch size -> 0 (``rollout.sim.decode_s_per_step``)."""
+    batch_half_requests: float
+    """Running batch at which the step time has doubled (1 / ``rollout.sim.batch_slowdown``)."""
+    max_running_requests: int
+    prefill_tokens_per_s: float
     hybrid_speed_factor: float = 1.0
-    """Hybrid decode speed relative to a standalone (smaller KV cache at gmu 0.45)."""
-    retry_sleep_s: float = 1.0
-    """Client back-off after an aborted attempt (original constant)."""
-
-    def __post_init__(self) -> None:
-        _positive(self, "decode_step_s", "batch_half_requests", "max_running_requests", "prefill_tokens_per_s",
-                  "hybrid_speed_factor")
-        _non_negative(self, "retry_sleep_s")
+    retry_delay_s: float = 1.0
+    """Client back-off after an aborted attempt (``rollout.retry_delay_s``)."""
 
     def step_time_s(self, running: int, speed_factor: float = 1.0) -> float:
         return self.decode_step_s * (1.0 + running / self.batch_half_requests) / speed_factor
@@ -142,125 +117,144 @@ class ReplicaConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    """Micro-step time = fixed + tokens * cost / speedup(train_gpus)."""
+class TrainerTiming:
+    """Micro-step time = fixed + tokens * cost / speedup(train units)."""
 
     seconds_per_ktoken: float
-    """Compute seconds per 1000 trained tokens on one trainer unit. Calibrated."""
-    fixed_s_per_micro_step: float = 5.0
-    """Per micro-step overhead that does not shrink with more GPUs."""
-    scaling_efficiency: float = 0.9
-    """Speedup per doubling of trainer units is 2 * this (data-parallel efficiency)."""
-
-    def __post_init__(self) -> None:
-        _positive(self, "seconds_per_ktoken", "scaling_efficiency")
-        _non_negative(self, "fixed_s_per_micro_step")
-        if self.scaling_efficiency > 1.0:
-            raise ValueError(f"TrainerConfig.scaling_efficiency must be <= 1, got {self.scaling_efficiency}")
+    fixed_s_per_micro_step: float
+    """Includes ``trainer.time_per_sample_s`` x samples per micro-step / ``trainer.num_gpus``."""
+    scaling_efficiency: float
 
     def speedup(self, units: int) -> float:
-        import math
-
         return units * self.scaling_efficiency ** math.log2(units) if units > 1 else 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
-class CostConfig:
-    """Fixed costs of weight sync and mode switches, in seconds."""
+class SwitchCosts:
+    """Fixed costs of weight sync and mode switches, in modelled seconds."""
 
-    standalone_sync_s: float = 6.0
-    """Trainer -> standalone NCCL sync, engines paused (checkpoint engine, 30B-A3B: 4.4 s)."""
-    hybrid_sync_s: float = 8.0
-    """Wake a sleeping hybrid and load the new weights in-process (naive sync)."""
-    hybrid_sleep_s: float = 4.0
-    """Free KV cache and offload hybrid weights, returning the GPUs to the trainer."""
-    rebalance_poll_s: float = 0.2
-    """The rebalance drain polls in-flight count at this period (original constant)."""
-    monitor_interval_s: float = 10.0
-    """Rollouter monitor period: un-pauses when the pause condition cleared."""
-
-    def __post_init__(self) -> None:
-        _non_negative(self, "standalone_sync_s", "hybrid_sync_s", "hybrid_sleep_s", "rebalance_poll_s")
-        _positive(self, "monitor_interval_s")
+    standalone_sync_s: float
+    hybrid_sync_s: float
+    hybrid_sleep_s: float
+    rebalance_poll_s: float
+    monitor_interval_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
-    name: str
-    cluster: ClusterConfig
-    async_training: AsyncTrainingConfig
-    workload: WorkloadConfig
-    replica: ReplicaConfig
-    trainer: TrainerConfig
-    costs: CostConfig = field(default_factory=CostConfig)
-    seed: int = 0
-    description: str = ""
-    reference_hours: dict[str, float] = field(default_factory=dict)
-    """Measured wall times to compare against (label -> hours), documentation only."""
+    """One config as the simulator sees it; build with ``Scenario.from_config``."""
 
-    def with_split(self, train_gpus: int, rollout_gpus: int) -> Scenario:
-        cluster = dataclasses.replace(self.cluster, train_gpus=train_gpus, rollout_gpus=rollout_gpus)
-        return dataclasses.replace(self, cluster=cluster)
+    config: Config
+    name: str
+    seed: int
+    cluster: ClusterShape
+    async_training: FlowSettings
+    workload: WorkloadShape
+    replica: ReplicaTiming
+    trainer: TrainerTiming
+    costs: SwitchCosts
+
+    @classmethod
+    def from_config(cls, config: Config, *, source: str = "") -> Scenario:
+        at, sim = config.async_training, config.simulator
+        if not at.partial_rollout:
+            where = f"config: {source}: " if source else "config: "
+            raise ConfigError(f"{where}async_training.partial_rollout=False is invalid: expected true, the "
+                              f"simulator does not model dropping partial rollouts")
+        # As the controller service builds it: without dynamic scheduling the run is plain fully-async.
+        policy = at.dynamic_schedule_policy if at.use_dynamic_resource_scheduling else "static_fully_async"
+        flow = FlowSettings(ppo_mini_batch_size=config.trainer.ppo_mini_batch_size,
+                            total_rollout_steps=config.data.total_rollout_steps, n=config.data.n,
+                            dynamic_schedule_policy=policy,
+                            **{key: getattr(at, key) for key in _FLOW_FROM_ASYNC})
+        return cls(config=config, name=config.run.name, seed=config.run.seed, async_training=flow,
+                   cluster=ClusterShape(train_gpus=config.trainer.num_gpus,
+                                        rollout_gpus=config.rollout.num_standalone_gpus,
+                                        gpus_per_replica=config.rollout.tensor_model_parallel_size,
+                                        trainer_unit_gpus=sim.trainer_unit_gpus),
+                   workload=_workload(config, flow.step_required), replica=_replica(config),
+                   trainer=_trainer(config, flow.ppo_mini_batch_size * flow.require_batches),
+                   costs=_costs(config))
+
+    def with_changes(self, changes: dict[str, Any]) -> Scenario:
+        """Re-validated copy with dotted config keys changed, e.g. {"rollout.sim.decode_s_per_step": 0.01}."""
+        return Scenario.from_config(replace_config(self.config, changes))
+
+    def with_split(self, train_gpus: int, rollout_gpus: int, *, policy: str = "") -> Scenario:
+        """Another train/rollout split (and policy, if given: both change in one validated step)."""
+        per_node = self.config.rollout.n_gpus_per_node
+        if rollout_gpus % per_node == 0:
+            nnodes = rollout_gpus // per_node
+        else:
+            nnodes, per_node = 1, rollout_gpus
+        changes = {"trainer.num_gpus": train_gpus, "rollout.nnodes": nnodes,
+                   "rollout.n_gpus_per_node": per_node}
+        return self.with_changes({**changes, **(_policy_changes(policy) if policy else {})})
 
     def with_policy(self, policy: str) -> Scenario:
         """Dynamic scheduling with ``policy``; ``static`` means plain fully-async (hybrids never used)."""
-        dynamic = policy != "static"
-        name = policy if dynamic else "static_fully_async"
-        cfg = dataclasses.replace(self.async_training, dynamic_schedule_policy=name,
-                                  use_dynamic_resource_scheduling=dynamic)
-        return dataclasses.replace(self, async_training=cfg)
+        return self.with_changes(_policy_changes(policy))
 
     def with_prompts(self, total_rollout_steps: int) -> Scenario:
-        cfg = dataclasses.replace(self.async_training, total_rollout_steps=total_rollout_steps)
-        return dataclasses.replace(self, async_training=cfg)
+        return self.with_changes({"data.total_rollout_steps": total_rollout_steps})
 
-    def with_section(self, section: str, **changes: Any) -> Scenario:
-        return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
-
-
-T = TypeVar("T")
+    def with_seed(self, seed: int) -> Scenario:
+        return self.with_changes({"run.seed": seed})
 
 
-def _build(cls: type[T], raw: Any, where: str) -> T:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(raw).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(names)}")
-    try:
-        return cls(**raw)
-    except TypeError as exc:
-        raise ValueError(f"{where}: {exc}") from exc
+def _policy_changes(policy: str) -> dict[str, Any]:
+    dynamic = policy != "static"
+    return {"async_training.dynamic_schedule_policy": policy if dynamic else "static_fully_async",
+            "async_training.use_dynamic_resource_scheduling": dynamic}
 
 
-_SECTIONS: dict[str, type] = {
-    "cluster": ClusterConfig,
-    "async_training": AsyncTrainingConfig,
-    "workload": WorkloadConfig,
-    "replica": ReplicaConfig,
-    "trainer": TrainerConfig,
-    "costs": CostConfig,
-}
+_FLOW_FROM_ASYNC = ("trigger_parameter_sync_step", "staleness_threshold", "require_batches",
+                    "partial_rollout", "concurrent_samples_per_replica", "use_dynamic_resource_scheduling",
+                    "dynamic_schedule_deactivate_ratio", "dynamic_schedule_enable_rebalance")
 
 
-def scenario_from_dict(raw: dict[str, Any], *, where: str = "scenario") -> Scenario:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a mapping at top level")
-    fields: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in _SECTIONS:
-            fields[key] = _build(_SECTIONS[key], value, f"{where}.{key}")
-        elif key in ("name", "seed", "description", "reference_hours"):
-            fields[key] = value
-        else:
-            raise ValueError(f"{where}: unknown top-level key {key!r}")
-    try:
-        return Scenario(**fields)
-    except TypeError as exc:
-        raise ValueError(f"{where}: {exc}") from exc
+def _workload(config: Config, samples_per_version: int) -> WorkloadShape:
+    w = config.simulator.workload
+    if w is not None:
+        return WorkloadShape(kind="lognormal", **w.model_dump())
+    lengths = config.rollout.sim.response_length
+    return WorkloadShape(kind="normal", prompt_tokens_median=config.data.prompt_length,
+                         prompt_tokens_sigma=0.0, prompt_tokens_max=config.data.prompt_length,
+                         response_tokens_median_start=lengths.mean,
+                         response_tokens_median_end=lengths.mean, response_tokens_sigma=lengths.std,
+                         response_tokens_max=config.data.max_response_length,
+                         response_tokens_min=lengths.min_tokens, drift_per_version=lengths.drift_per_version,
+                         samples_per_version=samples_per_version)
+
+
+def _replica(config: Config) -> ReplicaTiming:
+    engine = config.rollout.sim
+    return ReplicaTiming(
+        decode_step_s=engine.decode_s_per_step,
+        batch_half_requests=1.0 / engine.batch_slowdown if engine.batch_slowdown > 0 else math.inf,
+        max_running_requests=config.rollout.max_num_seqs,
+        prefill_tokens_per_s=1.0 / engine.prefill_s_per_token if engine.prefill_s_per_token > 0 else math.inf,
+        hybrid_speed_factor=config.simulator.hybrid_speed_factor, retry_delay_s=config.rollout.retry_delay_s)
+
+
+def _trainer(config: Config, samples_per_micro_step: int) -> TrainerTiming:
+    token_model = config.simulator.trainer
+    per_sample_s = samples_per_micro_step * config.trainer.time_per_sample_s / config.trainer.num_gpus
+    return TrainerTiming(seconds_per_ktoken=token_model.seconds_per_ktoken,
+                         fixed_s_per_micro_step=token_model.fixed_s_per_micro_step + per_sample_s,
+                         scaling_efficiency=token_model.scaling_efficiency)
+
+
+def _costs(config: Config) -> SwitchCosts:
+    engine, offload_s = config.rollout.sim, config.trainer.offload_s
+    monitor_s = config.simulator.monitor_interval_s
+    return SwitchCosts(standalone_sync_s=engine.weight_sync_s,
+                       hybrid_sync_s=offload_s + engine.wake_s + engine.weight_sync_s,
+                       hybrid_sleep_s=engine.sleep_s + offload_s,
+                       rebalance_poll_s=config.simulator.rebalance_poll_s,
+                       monitor_interval_s=monitor_s or ROLLOUTER_MONITOR_INTERVAL_S / config.run.time_scale)
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    text = Path(path).read_text()
-    return scenario_from_dict(yaml.safe_load(text), where=str(path))
+    """Load a run config (configs/*.yaml, scenarios/*.yaml) as the simulator's view."""
+    return Scenario.from_config(load_config(path), source=str(path))

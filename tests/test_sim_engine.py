@@ -1,4 +1,4 @@
-"""Pure tests of the simulator's event engine, replica model and scenario loading."""
+"""Pure tests of the simulator's event engine, replica model and its view of a config."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from shared.config import config_from_dict
 from sim.engine import Engine, Process
 from sim.model import Replica, Request, Sample
-from sim.scenario import ReplicaConfig, load_scenario, scenario_from_dict
+from sim.scenario import ReplicaTiming, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def make_replica(engine: Engine, finished: list[tuple[float, str]], **overrides: float) -> Replica:
-    cfg = ReplicaConfig(decode_step_s=0.01, batch_half_requests=overrides.get("batch_half_requests", 1e12),
-                        prefill_tokens_per_s=1e12)
+    cfg = ReplicaTiming(decode_step_s=0.01, batch_half_requests=overrides.get("batch_half_requests", 1e12),
+                        max_running_requests=128, prefill_tokens_per_s=1e12)
     return Replica(engine, cfg, replica_id="r0", hybrid=False,
                    on_finish=lambda rep, req: finished.append((engine.now_s, req.request_id)),
                    on_busy=lambda rep, busy: None)
@@ -101,13 +102,15 @@ def test_shipped_scenarios_load() -> None:
         assert scenario.cluster.total_gpus > 0, path
 
 
-def test_unknown_scenario_keys_are_rejected() -> None:
-    raw = {"name": "x", "cluster": {"train_gpus": 8, "rollout_gpus": 8, "typo": 1}}
-    with pytest.raises(ValueError, match="typo"):
-        scenario_from_dict(raw)
+def test_an_old_format_scenario_is_rejected_with_a_pointer_to_the_new_format() -> None:
+    raw = {"name": "x", "cluster": {"train_gpus": 8, "rollout_gpus": 8}}
+    with pytest.raises(ValueError, match=r"unknown key cluster \(an old scenario file\?"):
+        config_from_dict(raw)
 
 
 def test_splits_must_fit_whole_replicas() -> None:
     scenario = load_scenario(SCENARIOS / "small_production_bound.yaml")
-    with pytest.raises(ValueError, match="multiple"):
-        scenario.with_split(12, 20)
+    with pytest.raises(ValueError, match="divisible by tensor_model_parallel_size=8"):
+        scenario.with_split(16, 20)
+    with pytest.raises(ValueError, match="multiple of simulator.trainer_unit_gpus=8"):
+        scenario.with_split(12, 16)

@@ -36,7 +36,7 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_does_not() -> None:
     assert a.wall_s == b.wall_s
     assert a.cycles == b.cycles
     assert a.mq_series == b.mq_series
-    other = simulate(Scenario(**{**scenario.__dict__, "seed": scenario.seed + 1}))
+    other = simulate(scenario.with_seed(scenario.seed + 1))
     assert other.wall_s != a.wall_s
 
 
