@@ -265,12 +265,12 @@ async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_req
 
 
 async def test_a_weight_push_that_fails_falls_back_to_the_filesystem_and_the_run_loses_nothing(redis_server):
-    """The sim trainer cannot push, so every push the controller asks for fails: each sync must
+    """The sim trainer cannot push, so every push the trainer tries fails: each sync must
     still reach every replica (through update_weights) and training must finish."""
     stack = Stack(sim_config(), redis_server.url)
-    await stack.start(without=("controller",))
-    controller = stack.start_controller()  # its task has not run yet: configure before the first sync
-    controller.executor.transports = dict.fromkeys(stack.config.standalone_ids + stack.config.hybrid_ids, "gloo")
+    await stack.start(without=("trainer",))
+    trainer = stack.start_trainer()  # its task has not run yet: configure before the first sync
+    trainer.transports = dict.fromkeys(stack.config.standalone_ids + stack.config.hybrid_ids, "gloo")
     try:
         await stack.wait_done(timeout_s=90)
         states = await stack.buses[0].redis.hgetall(stack.names.replica_states)
