@@ -227,8 +227,8 @@ class ExecutorCore:
         core.finish_sync(event.global_steps)
         report.activated = activating
         self.last_report = report
-        return TrainerReply(action=TrainerAction.SYNC_DONE, global_steps=event.global_steps, activated=activating,
-                            param_sync_s=report.standalone_sync_s + report.switch_s)
+        return TrainerReply(action=TrainerAction.SYNC_DONE, global_steps=event.global_steps,
+                            activated=activating, param_sync_s=report.standalone_sync_s + report.switch_s)
 
     # ---- the commands ----
 
@@ -281,8 +281,8 @@ class ExecutorCore:
             raise AssertionError(f"unhandled command {command!r}")
 
     def _sync(self, command: cc.SyncWeights, report: ExecutionReport, weights_path: str) -> Plan[None]:
-        result: WeightSyncReport = yield SyncReplicas(replica_ids=command.replica_ids, version=command.version,
-                                                      weights_path=weights_path)
+        result: WeightSyncReport = yield SyncReplicas(
+            replica_ids=command.replica_ids, version=command.version, weights_path=weights_path)
         if not result.pushed:
             return
         report.pushes += 1

@@ -59,8 +59,9 @@ class RolloutStatus:
         return (self.paused or self.feed_done) and self.active_tasks == 0
 
     def to_hash(self) -> dict[str, int]:
-        return {F.PAUSED: int(self.paused), F.ACTIVE_TASKS: self.active_tasks, F.FEED_DONE: int(self.feed_done),
-                F.MAX_CONCURRENT_SAMPLES: self.max_concurrent_samples, F.STALENESS_SAMPLES: self.staleness_samples}
+        return {F.PAUSED: int(self.paused), F.ACTIVE_TASKS: self.active_tasks,
+                F.FEED_DONE: int(self.feed_done), F.MAX_CONCURRENT_SAMPLES: self.max_concurrent_samples,
+                F.STALENESS_SAMPLES: self.staleness_samples}
 
     @classmethod
     def from_hash(cls, state: dict[str, str]) -> RolloutStatus:
@@ -176,8 +177,8 @@ class SampleLifecycle:
         }
 
     def status(self) -> RolloutStatus:
-        return RolloutStatus(paused=self.tracker.paused, active_tasks=len(self.active), feed_done=self.feed_done,
-                             max_concurrent_samples=self.max_concurrent,
+        return RolloutStatus(paused=self.tracker.paused, active_tasks=len(self.active),
+                             feed_done=self.feed_done, max_concurrent_samples=self.max_concurrent,
                              staleness_samples=self.tracker.staleness_samples)
 
     def _end_idle(self, now_s: float) -> None:

@@ -189,13 +189,14 @@ class TrainerCycle:
                    "dynamic_resource/mq_size": float(mq_size),
                    "training/global_step": float(gs),
                    "fully_async/count/current_param_version": float(self.version)}
-        yield Send(event=TrainerEvent(phase=TrainerPhase.MICRO_STEP_DONE, global_steps=gs, version=self.version,
-                                      stats=metrics))
+        yield Send(event=TrainerEvent(phase=TrainerPhase.MICRO_STEP_DONE, global_steps=gs,
+                                      version=self.version, stats=metrics))
 
     def _sync(self, *, global_steps: int) -> Generator[TrainerOp, Any, TrainerReply]:
         path: str = yield ExportWeights(version=self.version)
         reply: TrainerReply = yield Handshake(event=TrainerEvent(
-            phase=TrainerPhase.WEIGHTS_READY, global_steps=global_steps, version=self.version, weights_path=path))
+            phase=TrainerPhase.WEIGHTS_READY, global_steps=global_steps, version=self.version,
+            weights_path=path))
         return reply
 
     def _event(self, phase: TrainerPhase) -> TrainerEvent:

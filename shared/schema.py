@@ -83,8 +83,7 @@ class CommandAction(StrEnum):
     RELEASE_GPUS = "release_gpus"
     """Offload: hybrids are about to wake on the trainer's GPUs."""
     SYNC_WEIGHTS = "sync_weights"
-    """Bring replicas to a version: push over their transport, else (or on failure) the filesystem.
-    The ack's data is a WeightSyncReport."""
+    """Bring replicas to a version (push, else or on failure the filesystem); acked with a WeightSyncReport."""
 
 
 WEIGHT_ACTIONS = frozenset({CommandAction.UPDATE_WEIGHTS, CommandAction.WEIGHTS_INIT, CommandAction.WEIGHTS_START,
@@ -263,29 +262,17 @@ class TrainerReply:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WeightSyncReport:
-    """The trainer's one result for a SYNC_WEIGHTS command (the data of its CommandAck)."""
+    """The trainer's one result for a SYNC_WEIGHTS command (its CommandAck's data, as a plain dict).
+    `pushed`: a push over `transport` was tried (all replicas alive and on that transport);
+    `ok` False: it failed with `error`, and every replica reloaded the version from the filesystem."""
 
     replica_ids: list[str]
     version: int
     transport: str = ""
-    """The push transport tried; '' when the replicas reloaded from the filesystem only."""
     pushed: bool = False
-    """A push was attempted (the replicas have a push transport and all were alive)."""
     ok: bool = True
-    """False: the push failed and every replica reloaded the version from the filesystem."""
     error: str = ""
     push_s: float = 0.0
-
-    def to_data(self) -> dict[str, Any]:
-        return _to_plain(self)  # type: ignore[no-any-return]
-
-    @classmethod
-    def from_data(cls, data: dict[str, Any]) -> WeightSyncReport:
-        """Inverse of `to_data`; raises MalformedMessage on a missing or unknown field."""
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise MalformedMessage(f"weight sync report: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

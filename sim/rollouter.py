@@ -61,7 +61,8 @@ class SimRollouter:
         """Feed until the lifecycle says stop: paused, no free slot, or feed exhausted."""
         if not self.started:
             return
-        while (sample_id := self.lifecycle.next_sample(mq_size=len(self.mq), now_s=self.engine.now_s)) is not None:
+        life = self.lifecycle
+        while (sample_id := life.next_sample(mq_size=len(self.mq), now_s=self.engine.now_s)) is not None:
             self._spawn(Sample(sample_index(sample_id), self.cfg.n, self.engine.now_s))
         if self.lifecycle.tracker.paused:
             self._arm_monitor()

@@ -41,7 +41,8 @@ def flow_limits(scenario: Scenario) -> FlowLimits:
     cfg = scenario.async_training
     return FlowLimits(ppo_mini_batch_size=cfg.ppo_mini_batch_size, require_batches=cfg.require_batches,
                       trigger_parameter_sync_step=cfg.trigger_parameter_sync_step,
-                      staleness_threshold=cfg.staleness_threshold, total_rollout_steps=cfg.total_rollout_steps)
+                      staleness_threshold=cfg.staleness_threshold,
+                      total_rollout_steps=cfg.total_rollout_steps)
 
 
 class Simulation:
@@ -55,7 +56,8 @@ class Simulation:
         self.limits = flow_limits(scenario)
         if self.limits.total_train_steps < 1:
             raise ValueError(f"total_rollout_steps={cfg.total_rollout_steps} gives no full sync cycle")
-        self.workload = Workload(scenario.workload, num_samples=cfg.total_rollout_steps, n=cfg.n, seed=scenario.seed)
+        self.workload = Workload(scenario.workload, num_samples=cfg.total_rollout_steps, n=cfg.n,
+                                 seed=scenario.seed)
         self.rollouter = SimRollouter(self.engine, scenario, self.workload, self.limits)
         self.dynamic = cfg.use_dynamic_resource_scheduling
         num_hybrid = cluster.num_hybrid if self.dynamic else 0
@@ -78,7 +80,8 @@ class Simulation:
                                      trigger_parameter_sync_step=self.limits.trigger_parameter_sync_step,
                                      only_hybrid=not self.standalone_ids,
                                      staleness_threshold=cfg.staleness_threshold)
-        self.policy = build_policy(cfg.dynamic_schedule_policy, deactivate_ratio=cfg.dynamic_schedule_deactivate_ratio,
+        self.policy = build_policy(cfg.dynamic_schedule_policy,
+                                   deactivate_ratio=cfg.dynamic_schedule_deactivate_ratio,
                                    only_hybrid=not self.standalone_ids)
         self.core = ControllerCore(policy=self.policy, ctx=ctx, hybrid_ids=self.hybrid_ids,
                                    standalone_ids=self.standalone_ids,
@@ -152,7 +155,8 @@ class Simulation:
             return r.reset(op.version)
         elif isinstance(op, ex.ReadProgress):
             tracker = r.lifecycle.tracker
-            return ex.RolloutProgress(total_generated=tracker.total_generated, completed_steps=tracker.completed_steps)
+            return ex.RolloutProgress(total_generated=tracker.total_generated,
+                                      completed_steps=tracker.completed_steps)
         # Checkpoint, Audit, ReleaseTrainer: nothing to model (no crash, no log, offload not modelled)
         return None
 
@@ -257,7 +261,8 @@ class Simulation:
         m = event.stats
         record = {"wait_for_enough_samples": m["timing_s/wait_for_enough_samples"],
                   "deactivate": m["timing_s/deactivate"], "gen": m["timing_s/gen"],
-                  "compute": m["dynamic_resource/train_compute_time_s"], "param_sync": m["timing_s/param_sync"],
+                  "compute": m["dynamic_resource/train_compute_time_s"],
+                  "param_sync": m["timing_s/param_sync"],
                   "alloc": m["dynamic_resource/train_allocated_time_s"], "step": m["timing_s/step"],
                   "mq_size": m["dynamic_resource/mq_size"]}
         now = self.engine.now_s
@@ -288,7 +293,8 @@ class Simulation:
         self.engine.start_process(self._trainer())
         self.engine.run(max_time_s=1e9)
         if self.cycle.version < self.limits.total_train_steps:
-            raise RuntimeError(f"simulation stalled at t={self.engine.now_s:.1f}s, version {self.cycle.version}: "
+            raise RuntimeError(f"simulation stalled at t={self.engine.now_s:.1f}s, "
+                               f"version {self.cycle.version}: "
                                f"no pending event (trainer waiting, nothing generating)")
         res = self.result
         r = self.rollouter
@@ -298,7 +304,8 @@ class Simulation:
         res.deactivations = self.core.deactivations
         res.versions = self.cycle.version
         res.micro_steps = self.cycle.version * self.limits.trigger_parameter_sync_step
-        res.samples = {"fed": r.fed, "generating": r.generating(), "queued": len(r.mq), "trained": self.trained,
+        res.samples = {"fed": r.fed, "generating": r.generating(), "queued": len(r.mq),
+                       "trained": self.trained,
                        "dropped": 0, "retried_attempts": r.retries}
         res.tokens = {"trained": self.trained_tokens,
                       "decoded": sum(rep.tokens_decoded for rep in r.replicas.values()),

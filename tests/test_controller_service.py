@@ -43,8 +43,10 @@ async def test_a_weight_sync_is_one_trainer_command_whose_failed_push_falls_back
 
     for client in (trainer._rpc, trainer._push_rpc, rpc, executor.trainer_rpc):
         await client.start()
-    servers = [asyncio.create_task(bus.serve_commands(trainer_commands, stop, sender="trainer", apply=trainer._apply)),
-               asyncio.create_task(bus.serve_commands(worker_commands, stop, sender="w", apply=reload))]
+    servers = [
+        asyncio.create_task(bus.serve_commands(trainer_commands, stop, sender="t", apply=trainer._apply)),
+        asyncio.create_task(bus.serve_commands(worker_commands, stop, sender="w", apply=reload)),
+    ]
     try:
         report = await executor.perform(ex.SyncReplicas(replica_ids=("standalone_0",), version=0,
                                                         weights_path="/w/0"))

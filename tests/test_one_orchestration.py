@@ -54,7 +54,8 @@ ORCHESTRATION_NAMES = {
     "WaitForSamples", "RemoveReplicas", "AbortReplicas", "SleepReplicas", "WakeReplicas", "SyncWeights",
     "AddReplicas", "ResumeReplicas", "Rebalance", "ResetStaleness",
     # the controller core's calls (made by core.executor) and the feed's (made by core.sample_lifecycle)
-    "begin_micro_step", "finish_deactivate", "record_collection", "begin_sync", "finish_activate", "finish_sync",
+    "begin_micro_step", "finish_deactivate", "record_collection", "begin_sync", "finish_activate",
+    "finish_sync",
     "check_pause", "try_resume", "on_submit", "on_generated", "on_idle_start", "on_idle_end",
 }
 
@@ -92,7 +93,7 @@ def _record_simulated_run() -> tuple[list[_Handshake], Simulation]:
 
     def recording_trainer(op: tc.TrainerOp) -> Any:
         event = op.event if isinstance(op, tc.Handshake | tc.Send) else None
-        if event is not None and event.phase in tc.REPLY_TO or (event and event.phase is TrainerPhase.COLLECTED):
+        if event is not None and (event.phase in tc.REPLY_TO or event.phase is TrainerPhase.COLLECTED):
             log.append(_Handshake(event=event, start_s=sim.engine.now_s))
         result = yield from perform_trainer(op)
         if isinstance(op, tc.Handshake):

@@ -49,7 +49,7 @@ def weights_ready(version: int) -> TrainerEvent:
                         weights_path=f"/w/{version}")
 
 
-def test_an_activating_sync_syncs_standalones_then_releases_the_trainer_then_wakes_and_syncs_hybrids() -> None:
+def test_an_activating_sync_syncs_standalones_then_releases_the_trainer_then_wakes_hybrids() -> None:
     executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=True)), clock=lambda: 0.0)
     peers = Peers()
     reply = ex.drive(executor.on_weights_ready(weights_ready(1)), peers)
@@ -169,8 +169,8 @@ def test_the_feed_stops_at_the_staleness_limit_and_only_the_monitor_or_a_reset_r
         life.on_enqueued(sample_id, 2.0)  # queued: never dropped, whatever the queue size
     assert life.next_sample(mq_size=6, now_s=2.0) is None  # latched
     assert life.monitor(mq_size=6, now_s=2.1) is False
-    assert life.status() == RolloutStatus(paused=True, active_tasks=0, feed_done=False, max_concurrent_samples=6,
-                                          staleness_samples=6)
+    assert life.status() == RolloutStatus(paused=True, active_tasks=0, feed_done=False,
+                                          max_concurrent_samples=6, staleness_samples=6)
     assert life.status().stalled
     report = life.reset(version=1, mq_size=2, now_s=4.0)
     assert report["fully_async/rollouter/step_generated_samples"] == 6

@@ -52,7 +52,8 @@ class Executor:
             ack = await self.rpc.call(names.lb_commands, action, replica_ids=list(op.replica_ids))
             return tuple(ack.data.get("members", []))
         elif isinstance(op, ex.SetActiveReplicas):
-            await self.rpc.call(names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS, value=op.num_replicas)
+            await self.rpc.call(names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS,
+                                value=op.num_replicas)
         elif isinstance(op, ex.WorkerCall):
             await self._workers(op.replica_ids, op.action)
         elif isinstance(op, ex.ReleaseTrainer):
@@ -61,11 +62,12 @@ class Executor:
             ack = await self.trainer_rpc.call(names.trainer_commands, CommandAction.SYNC_WEIGHTS,
                                               replica_ids=list(op.replica_ids), version=op.version,
                                               weights_path=op.weights_path)
-            return WeightSyncReport.from_data(ack.data)
+            return WeightSyncReport(**ack.data)
         elif isinstance(op, ex.ClearSticky):
             await self.rpc.call(names.lb_commands, CommandAction.CLEAR_STICKY)
         elif isinstance(op, ex.ResetRollouter):
-            ack = await self.rpc.call(names.rollouter_commands, CommandAction.RESET_STALENESS, version=op.version)
+            ack = await self.rpc.call(names.rollouter_commands, CommandAction.RESET_STALENESS,
+                                      version=op.version)
             return {k: float(v) for k, v in ack.data.items()}
         elif isinstance(op, ex.ReadProgress):
             state = await self._rollouter_state()
@@ -97,7 +99,8 @@ class Executor:
         await self.rpc.call_many(live, action)
 
     async def _rollouter_state(self) -> dict[str, str]:
-        return {text(k): text(v) for k, v in (await self.bus.redis.hgetall(self.bus.names.rollouter_state)).items()}
+        state = await self.bus.redis.hgetall(self.bus.names.rollouter_state)
+        return {text(k): text(v) for k, v in state.items()}
 
     async def wait_for_samples(self, min_queue_size: int) -> None:
         """Poll mq_size until it reaches the threshold. Also ends when the rollouter cannot produce

@@ -6,8 +6,8 @@ inside), whose plan of operations the `Executor` performs over the bus; then it
 replies to the trainer, and emits one `CycleMetrics` entry per sync cycle. The
 simulator drives the same ExecutorCore on its virtual clock. The trainer's events
 are read by this loop only: what the controller needs from the trainer during a
-sync (releasing its GPUs, syncing replicas) are commands it acks like any peer. Its admin API (admin.py) reads and
-steers the same object.
+sync (releasing its GPUs, syncing replicas) are commands it acks like any peer.
+Its admin API (admin.py) reads and steers the same object.
 
 Crash safety: after every decision the core's snapshot and the event being
 handled are written to Redis *before* the commands run, and the trainer's
@@ -57,13 +57,15 @@ def build_core(config: Config) -> ControllerCore:
     if at.dynamic_schedule_policy_module:
         load_policy_module(at.dynamic_schedule_policy_module)
     name = at.dynamic_schedule_policy if at.use_dynamic_resource_scheduling else "static_fully_async"
-    policy = build_policy(name, deactivate_ratio=at.dynamic_schedule_deactivate_ratio, only_hybrid=config.only_hybrid)
+    policy = build_policy(name, deactivate_ratio=at.dynamic_schedule_deactivate_ratio,
+                          only_hybrid=config.only_hybrid)
     ctx = DynamicScheduleContext(
         required_samples=config.trainer.ppo_mini_batch_size * at.require_batches,
         trigger_parameter_sync_step=at.trigger_parameter_sync_step,
         only_hybrid=config.only_hybrid, staleness_threshold=at.staleness_threshold)
     return ControllerCore(policy=policy, ctx=ctx, hybrid_ids=config.hybrid_ids,
-                          standalone_ids=config.standalone_ids, enable_rebalance=at.dynamic_schedule_enable_rebalance)
+                          standalone_ids=config.standalone_ids,
+                          enable_rebalance=at.dynamic_schedule_enable_rebalance)
 
 
 def _reply_to_plain(reply: TrainerReply | None) -> dict[str, Any]:
@@ -110,7 +112,8 @@ class Controller:
         try:
             while not stop.is_set():
                 for entry_id, message in await events.read(count=1, block_ms=200):
-                    if isinstance(message, TrainerEvent) and not await self._handle_unless_stopped(message, stop):
+                    if isinstance(message, TrainerEvent) and not await self._handle_unless_stopped(
+                            message, stop):
                         return  # stopped mid-event: left unacked, replayed by the next controller
                     await events.ack(entry_id)
         finally:
@@ -146,7 +149,8 @@ class Controller:
     async def _announce_capacity(self) -> None:
         """Tell the rollouter how many replicas serve right now (standalones, plus hybrids if active)."""
         serving = len(self.core.standalone_ids) + len(self.executor_core.serving_hybrids)
-        await self.rpc.call(self.bus.names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS, value=serving)
+        await self.rpc.call(self.bus.names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS,
+                            value=serving)
 
     async def persist(self) -> None:
         state = {"core": self.core.snapshot(), "last_event": self.last_event}
@@ -219,7 +223,8 @@ class Controller:
             metrics["perf/throughput"] = metrics.get("perf/total_num_tokens", 0.0) / (step_s * num_gpus)
         metrics.update({"dynamic_resource/activations": float(self.core.activations),
                         "dynamic_resource/deactivations": float(self.core.deactivations),
-                        "dynamic_resource/deactivate_ratio": float(getattr(self.core.policy, "deactivate_ratio", 0))})
+                        "dynamic_resource/deactivate_ratio": float(
+                            getattr(self.core.policy, "deactivate_ratio", 0))})
         self.aggregator.reset()
         self.cycle_report = {}
         self.last_metrics = metrics

@@ -82,7 +82,8 @@ class Rollouter:
         names = self.bus.names
         state = {text(k): text(v) for k, v in (await self.bus.redis.hgetall(names.rollouter_state)).items()}
         self.epoch = int(await self.bus.redis.hincrby(names.rollouter_state, F.EPOCH, 1))
-        self.lifecycle.restore(fed=int(state.get(F.FED, 0)), total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
+        self.lifecycle.restore(fed=int(state.get(F.FED, 0)),
+                               total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
                                completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
                                version=int(state.get(F.VERSION, 0)))
         self.lifecycle.set_replicas(int(state.get(F.NUM_REPLICAS, 0)), time.time())

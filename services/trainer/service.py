@@ -27,6 +27,7 @@ from Redis, so training continues where it stopped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -180,13 +181,15 @@ class Trainer:
         elif isinstance(op, tc.SaveProgress):
             await self.bus.redis.hset(names.trainer_state, mapping={
                 F.GLOBAL_STEPS: op.global_steps, F.VERSION: op.version,
-                F.INITIAL_SYNC_DONE: int(op.initial_sync_done), F.STALE_TRAJECTORIES: self.stale_trajectories})
+                F.INITIAL_SYNC_DONE: int(op.initial_sync_done),
+                F.STALE_TRAJECTORIES: self.stale_trajectories})
         else:  # pragma: no cover - a new op needs a branch here
             raise AssertionError(f"unhandled trainer op {op!r}")
         return None
 
     async def _collect(self, mq: StreamConsumer, required: int, stop: asyncio.Event) -> Batch:
-        """Pop `required` samples (own pending ones first after a restart); malformed ones are dead-lettered."""
+        """Pop `required` samples (own pending ones first after a restart); malformed ones are
+        dead-lettered."""
         batch: Batch = []
         while len(batch) < required:
             if stop.is_set():
@@ -206,9 +209,11 @@ class Trainer:
     async def _train(self, batch: Sequence[tuple[bytes, Sample]]) -> tc.TrainResult:
         gs, version = self.cycle.global_steps, self.cycle.version
         samples = [sample for _, sample in batch]
-        await self.bus.audit(kind=AuditKind.PHASE, subject="trainer", detail=f"train_start {gs}", version=version)
+        await self.bus.audit(kind=AuditKind.PHASE, subject="trainer", detail=f"train_start {gs}",
+                             version=version)
         timings = await asyncio.to_thread(self.backend.train_micro_step, samples)
-        await self.bus.audit(kind=AuditKind.PHASE, subject="trainer", detail=f"train_end {gs}", version=version)
+        await self.bus.audit(kind=AuditKind.PHASE, subject="trainer", detail=f"train_end {gs}",
+                             version=version)
         return tc.TrainResult(timings=timings, stats=self._sample_metrics(samples))
 
     async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]]) -> None:
@@ -226,7 +231,8 @@ class Trainer:
 
     def _sample_metrics(self, samples: list[Sample]) -> dict[str, float]:
         trajectories = [t for s in samples for t in s.trajectories]
-        self.stale_trajectories += stale_trajectory_count(self.cycle.version, (t.max_version for t in trajectories))
+        self.stale_trajectories += stale_trajectory_count(self.cycle.version,
+                                                          (t.max_version for t in trajectories))
         rewards = [t.reward for t in trajectories]
         tokens = sum(len(t.response_token_ids) for t in trajectories)
         return {
@@ -238,8 +244,10 @@ class Trainer:
             "perf/total_num_tokens": float(tokens),
         }
 
-    async def _await_reply(self, replies: Subscription, stop: asyncio.Event, op: tc.Handshake) -> TrainerReply:
-        """Wait for the controller's answer to this handshake (a stale answer to an earlier one is skipped)."""
+    async def _await_reply(self, replies: Subscription, stop: asyncio.Event,
+                           op: tc.Handshake) -> TrainerReply:
+        """Wait for the controller's answer to this handshake (a stale answer to an earlier one is
+        skipped)."""
         action = tc.REPLY_TO[op.event.phase]
         while True:
             if stop.is_set():
@@ -262,10 +270,11 @@ class Trainer:
                                                   command.weights_path)
             except CommandFailed as exc:  # a worker rejected or never acked its reload: a failed sync
                 raise ValueError(str(exc)) from exc
-            return report.to_data()
+            return dataclasses.asdict(report)
         raise ValueError(f"unknown trainer action {command.action!r}")
 
-    async def sync_replicas(self, replica_ids: tuple[str, ...], version: int, weights_path: str) -> WeightSyncReport:
+    async def sync_replicas(self, replica_ids: tuple[str, ...], version: int,
+                            weights_path: str) -> WeightSyncReport:
         """Push when these replicas share a push transport and all are alive; otherwise, or when
         the push fails, every replica reloads `version` from the filesystem."""
         transports = {self.transports.get(r, "") for r in replica_ids}
@@ -280,11 +289,12 @@ class Trainer:
             if not error:
                 return WeightSyncReport(replica_ids=list(replica_ids), version=version, transport=transport,
                                         pushed=True, push_s=push_s)
-            log.warning("%s push of v%d to %s failed (%s): falling back to the filesystem", transport, version,
-                        list(replica_ids), error)
+            log.warning("%s push of v%d to %s failed (%s): falling back to the filesystem", transport,
+                        version, list(replica_ids), error)
         await self._load_from_filesystem(replica_ids, alive, version, weights_path)
-        return WeightSyncReport(replica_ids=list(replica_ids), version=version, transport=transport if pushed else "",
-                                pushed=pushed, ok=not error, error=error, push_s=push_s)
+        return WeightSyncReport(replica_ids=list(replica_ids), version=version,
+                                transport=transport if pushed else "", pushed=pushed, ok=not error,
+                                error=error, push_s=push_s)
 
     async def _push(self, replica_ids: tuple[str, ...], version: int, transport: str) -> str:
         """Push the held weights over `transport`; '' on success, else the error."""
@@ -292,8 +302,9 @@ class Trainer:
             if version != self.cycle.version:
                 raise ValueError(f"asked to push v{version} but holds v{self.cycle.version}")
             beats = await self.bus.redis.mget([self.bus.names.worker_heartbeat(r) for r in replica_ids])
-            client = StreamSyncClient(rpc=self._push_rpc, names=self.bus.names, loop=asyncio.get_running_loop(),
-                                      replica_ids=list(replica_ids), version=version,
+            client = StreamSyncClient(rpc=self._push_rpc, names=self.bus.names,
+                                      loop=asyncio.get_running_loop(), replica_ids=list(replica_ids),
+                                      version=version,
                                       replica_world_size=self.config.rollout.tensor_model_parallel_size,
                                       incarnations=tuple(text(b) if b else "" for b in beats))
             await asyncio.to_thread(self.backend.push_weights, transport, client)
@@ -317,6 +328,7 @@ class Trainer:
         for replica_id, is_alive in zip(replica_ids, alive, strict=True):
             if not is_alive:
                 log.warning("replica %s has no heartbeat: update_weights sent, not awaited", replica_id)
-                await self._rpc.send(names.worker_commands(replica_id), CommandAction.UPDATE_WEIGHTS, **fields)
+                await self._rpc.send(names.worker_commands(replica_id), CommandAction.UPDATE_WEIGHTS,
+                                     **fields)
         live = [names.worker_commands(r) for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
         await self._rpc.call_many(live, CommandAction.UPDATE_WEIGHTS, **fields)
