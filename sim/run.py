@@ -25,6 +25,7 @@ from core import trainer_cycle as tc
 from core.controller import ControllerCore
 from core.flow import FlowLimits
 from policies import DynamicScheduleContext, build_policy
+from shared.names import AccountingField as A
 from shared.schema import CommandAction, TrainerEvent, TrainerPhase, WeightSyncReport
 from sim.bound import ideal_lower_bound_s
 from sim.engine import Engine, Signal
@@ -304,9 +305,8 @@ class Simulation:
         res.deactivations = self.core.deactivations
         res.versions = self.cycle.version
         res.micro_steps = self.cycle.version * self.limits.trigger_parameter_sync_step
-        res.samples = {"fed": r.fed, "generating": r.generating(), "queued": len(r.mq),
-                       "trained": self.trained,
-                       "dropped": 0, "retried_attempts": r.retries}
+        res.samples = {A.FED: r.fed, A.GENERATING: r.generating(), A.QUEUED: len(r.mq),
+                       A.TRAINED: self.trained, A.DROPPED: 0, "retried_attempts": r.retries}
         res.tokens = {"trained": self.trained_tokens,
                       "decoded": sum(rep.tokens_decoded for rep in r.replicas.values()),
                       "prefilled": sum(rep.tokens_prefilled for rep in r.replicas.values())}

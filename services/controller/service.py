@@ -20,8 +20,10 @@ if it was done, only the reply is sent again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgpack
@@ -68,16 +70,23 @@ def build_core(config: Config) -> ControllerCore:
                           enable_rebalance=at.dynamic_schedule_enable_rebalance)
 
 
-def _reply_to_plain(reply: TrainerReply | None) -> dict[str, Any]:
-    if reply is None:
-        return {}
-    return {"action": reply.action.value, "global_steps": reply.global_steps,
-            "wait_for_enough_samples_s": reply.wait_for_enough_samples_s, "deactivate_s": reply.deactivate_s,
-            "activated": reply.activated, "param_sync_s": reply.param_sync_s}
+@dataclass(kw_only=True)
+class HandledEvent:
+    """The trainer event handled last (persisted with the core): a replay of it after a restart
+    finishes it (`finished` False) or only re-sends its reply."""
 
+    phase: TrainerPhase
+    global_steps: int
+    finished: bool = False
+    reply: dict[str, Any] = field(default_factory=dict)
+    """The TrainerReply sent, as plain data ({} when the phase gets none)."""
 
-def _reply_from_plain(data: dict[str, Any]) -> TrainerReply | None:
-    return TrainerReply(**{**data, "action": TrainerAction(data["action"])}) if data else None
+    def matches(self, event: TrainerEvent) -> bool:
+        return (self.phase, self.global_steps) == (event.phase, event.global_steps)
+
+    def saved_reply(self) -> TrainerReply | None:
+        data = self.reply
+        return TrainerReply(**{**data, "action": TrainerAction(data["action"])}) if data else None
 
 
 class Controller:
@@ -89,7 +98,7 @@ class Controller:
         self.force_deactivate_now = asyncio.Event()
         self.executor = Executor(bus=bus, rpc=self.rpc, force_event=self.force_deactivate_now)
         self.aggregator = CycleAggregator()
-        self.last_event: dict[str, Any] = {}
+        self.last_event: HandledEvent | None = None
         self.cycle_report: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
         self.on_metrics: list[Any] = []
@@ -143,7 +152,8 @@ class Controller:
         saved = msgpack.unpackb(raw, raw=False)
         core = ControllerCore.restore(saved["core"], policy=self.core.policy)
         self.executor_core = ex.ExecutorCore(core=core, clock=time.monotonic)
-        self.last_event = saved.get("last_event", {})
+        last = saved.get("last_event")
+        self.last_event = HandledEvent(**{**last, "phase": TrainerPhase(last["phase"])}) if last else None
         log.info("restored controller: mode=%s last_event=%s", core.mode, self.last_event)
 
     async def _announce_capacity(self) -> None:
@@ -153,18 +163,19 @@ class Controller:
                             value=serving)
 
     async def persist(self) -> None:
-        state = {"core": self.core.snapshot(), "last_event": self.last_event}
+        state = {"core": self.core.snapshot(),
+                 "last_event": dataclasses.asdict(self.last_event) if self.last_event else None}
         await self.bus.redis.set(self.bus.names.controller_state, msgpack.packb(state, use_bin_type=True))
 
     # -- events ----------------------------------------------------------------------
 
     async def _handle(self, event: TrainerEvent) -> None:
         log.debug("trainer event %s gs=%d v=%d", event.phase, event.global_steps, event.version)
-        key = {"phase": event.phase.value, "global_steps": event.global_steps}
-        replay = {k: self.last_event.get(k) for k in key} == key
-        if replay and self.last_event.get("status") == "done":
-            log.info("re-sending the reply to a replayed %s", key)
-            await self._reply(_reply_from_plain(self.last_event.get("reply", {})))
+        last = self.last_event
+        replay = last is not None and last.matches(event)
+        if last is not None and replay and last.finished:
+            log.info("re-sending the reply to a replayed %s %d", event.phase, event.global_steps)
+            await self._reply(last.saved_reply())
             return
         reply: TrainerReply | None = None
         logic = self.executor_core
@@ -179,7 +190,8 @@ class Controller:
             await self._on_micro_step_done(event)
         elif event.phase is TrainerPhase.DONE:
             await self._finish_run()
-        self.last_event = {**key, "status": "done", "reply": _reply_to_plain(reply)}
+        self.last_event = HandledEvent(phase=event.phase, global_steps=event.global_steps, finished=True,
+                                       reply=dataclasses.asdict(reply) if reply else {})
         await self.persist()
         await self._reply(reply)
 
@@ -193,8 +205,7 @@ class Controller:
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
             if isinstance(op, ex.Checkpoint):
-                self.last_event = {"phase": event.phase.value, "global_steps": event.global_steps,
-                                   "status": "in_progress"}
+                self.last_event = HandledEvent(phase=event.phase, global_steps=event.global_steps)
                 await self.persist()
                 result = None
             else:

@@ -324,11 +324,11 @@ class Trainer:
         """Send update_weights to every replica; wait for the acks of live ones only. A replica whose
         heartbeat expired gets the command too (replayed when it restarts) but is not waited for."""
         names = self.bus.names
-        fields: dict[str, Any] = {"version": version, "weights_path": weights_path}
+        action = CommandAction.UPDATE_WEIGHTS
         for replica_id, is_alive in zip(replica_ids, alive, strict=True):
             if not is_alive:
                 log.warning("replica %s has no heartbeat: update_weights sent, not awaited", replica_id)
-                await self._rpc.send(names.worker_commands(replica_id), CommandAction.UPDATE_WEIGHTS,
-                                     **fields)
+                await self._rpc.send(names.worker_commands(replica_id), action, version=version,
+                                     weights_path=weights_path)
         live = [names.worker_commands(r) for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
-        await self._rpc.call_many(live, CommandAction.UPDATE_WEIGHTS, **fields)
+        await self._rpc.call_many(live, action, version=version, weights_path=weights_path)
