@@ -1,9 +1,9 @@
 """Rollouter flow control: how many samples may be generating, and when to pause.
 
-Where it sits: the rollouter service (and the simulator) feeds prompts to the
-load balancer only while ``StalenessTracker.should_pause`` is False and fewer
-than ``FlowLimits.max_concurrent`` samples are in flight; at every weight sync
-the controller tells the rollouter to ``reset`` staleness. Pure: no I/O, and
+Where it sits: under ``core.sample_lifecycle``, which the rollouter service and
+the simulator drive: prompts are fed only while ``StalenessTracker.should_pause``
+is False and fewer than ``FlowLimits.max_concurrent`` samples are in flight; at
+every weight sync the controller tells the rollouter to ``reset`` staleness. Pure: no I/O, and
 time is always passed in as ``now_s`` (seconds on any monotonic clock).
 
 Formulas (verl fully-async, reference section 1.2; every count is in samples,
