@@ -25,15 +25,17 @@ from shared.streams import group_lag
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
-TRAINER_CALL_TIMEOUT_S = 300.0
-"""A weight sync may take minutes (a push of a large model); the trainer replays it after a restart."""
+TRAINER_CALL_TIMEOUT_S = 3600.0
+"""A weight sync may take minutes (a push of a large model). Sent once, never re-sent: a trainer
+that restarts replays the pending command from its consumer group, and a second push of the same
+version while the first still runs would wait for a broadcast that never comes."""
 
 
 class Executor:
     def __init__(self, *, bus: Bus, rpc: CommandClient, force_event: asyncio.Event | None = None) -> None:
         self.bus = bus
         self.rpc = rpc
-        self.trainer_rpc = CommandClient(bus, timeout_s=TRAINER_CALL_TIMEOUT_S, max_attempts=2)
+        self.trainer_rpc = CommandClient(bus, timeout_s=TRAINER_CALL_TIMEOUT_S, max_attempts=1)
         self.force_event = force_event or asyncio.Event()
 
     async def start(self) -> None:
