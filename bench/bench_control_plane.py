@@ -44,6 +44,7 @@ from shared.bus import Bus
 from shared.config import Config, config_from_dict
 from shared.names import Names
 from shared.rpc import CommandClient
+from shared.schema import CommandAction
 from shared.streams import connect
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +166,7 @@ async def run_switches(config: Config, redis_url: str, *, num_switches: int, dwe
     try:
         await wait_ready(bus, config)
         await rpc.start()
-        await rpc.call(bus.names.rollouter_commands, "set_active_replicas", value=len(standalones))
+        await rpc.call(bus.names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS, value=len(standalones))
         await asyncio.sleep(dwell_s)
         for i in range(num_switches):
             step = 2 * i + 1

@@ -36,7 +36,7 @@ from core.routing import LoadBalancerState
 from shared.bus import text
 from shared.config import config_from_dict
 from shared.names import Names
-from shared.schema import GenerateRequest, GenerateResult, decode, encode
+from shared.schema import FinishReason, GenerateRequest, GenerateResult, decode, encode
 from shared.streams import connect, xadd_many
 
 STARTUP_TIMEOUT_S = 30.0
@@ -121,7 +121,7 @@ class FakeWorkers:
                     self.per_replica[request.replica_id] += 1
                     results.append(encode(GenerateResult(
                         request_id=request.request_id, sample_id=request.sample_id, replica_id=request.replica_id,
-                        token_ids=[], logprobs=[], finish_reason="stop", weight_version=0)))
+                        token_ids=[], logprobs=[], finish_reason=FinishReason.STOP, weight_version=0)))
             if self.reply and results:
                 await xadd_many(self.redis, self.names.lb_results, results)
 

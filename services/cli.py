@@ -26,7 +26,7 @@ import httpx
 import redis
 
 from services import launcher
-from shared.names import DEFAULT_NAMESPACE, Names
+from shared.names import DEFAULT_NAMESPACE, Names, RunStatus
 
 DEFAULT_REDIS_URL = os.environ.get("DYNSCHED_REDIS_URL", "redis://127.0.0.1:6379/0")
 HTTP_TIMEOUT_S = 10.0
@@ -55,8 +55,8 @@ def run_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh
     print(f"switches: {switches['activations']} activations, {switches['deactivations']} deactivations")
     print(f"outputs: {out_dir}/summary.json, {out_dir}/metrics.jsonl ({summary.get('num_cycles', 0)} cycles), "
           f"{out_dir}/audit.jsonl, logs in {out_dir}/logs/")
-    if samples["lost"] != 0:
-        print(f"{PROG}: error: {samples['lost']} sample(s) lost (fed != generating+queued+trained+dropped)",
+    if samples[launcher.LOST] != 0:
+        print(f"{PROG}: error: {samples[launcher.LOST]} sample(s) lost (fed != generating+queued+trained+dropped)",
               file=sys.stderr)
         return 1
     return 0
@@ -66,12 +66,13 @@ def up_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh:
     """Start every service and keep them running until Ctrl-C (or SIGTERM)."""
     with launcher.Job(config_path=config_path, out_dir=out_dir, redis_url=redis_url, fresh=fresh) as job:
         print(f"redis: {job.redis_url} (namespace {job.names.namespace}); logs: {job.log_dir}", flush=True)
-        address, status = None, ""
+        address: str | None = None
+        status: RunStatus | None = None
         while True:
             if address is None and (address := launcher.admin_address(job.redis, job.names)):
                 print(f"admin API: http://{address}   try: {PROG} status --redis-url {job.redis_url} "
                       f"--namespace {job.names.namespace}", flush=True)
-            if (new_status := job.poll()) == "done" and status != "done":
+            if (new_status := job.poll()) is RunStatus.DONE and status is not RunStatus.DONE:
                 print("training finished; the services stay up until Ctrl-C", flush=True)
             status = new_status
             time.sleep(launcher.POLL_INTERVAL_S)

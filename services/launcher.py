@@ -39,7 +39,7 @@ from services.report import write_report
 from shared import schema
 from shared.bus import text
 from shared.config import Config, load_config
-from shared.names import Names
+from shared.names import AccountingField, Names, RunStateField, RunStatus, TrainerStateField
 from shared.runtime import free_port
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.2
 ADMIN_TIMEOUT_S = 5.0
 LOG_TAIL_LINES = 30
-ACCOUNTING_FIELDS = ("fed", "generating", "queued", "trained", "dropped")
+LOST = "lost"
+"""summary.json's `samples` key for fed - everything accounted for (must be 0)."""
 
 
 class ServiceCrashed(RuntimeError):
@@ -223,8 +224,9 @@ def fetch_admin_status(address: str | None) -> dict[str, Any]:
 
 def sample_counts(accounting: dict[str, str]) -> dict[str, int]:
     """The accounting hash as ints (missing = 0) plus `lost` = fed - everything accounted for."""
-    counts = {name: int(float(accounting.get(name, 0))) for name in ACCOUNTING_FIELDS}
-    counts["lost"] = counts["fed"] - sum(counts[name] for name in ACCOUNTING_FIELDS if name != "fed")
+    counts = {str(name): int(float(accounting.get(name, 0))) for name in AccountingField}
+    accounted = sum(count for name, count in counts.items() if name != AccountingField.FED)
+    counts[LOST] = counts[AccountingField.FED] - accounted
     return counts
 
 
@@ -283,7 +285,8 @@ class Job:
             self.client = redis.Redis.from_url(self.redis_url, socket_timeout=10.0)
             claim_namespace(self.client, self.names, fresh=self.fresh)
             self._owns_namespace = True
-            self.client.hset(self.names.run_state, mapping={"status": "running", "started_at": time.time()})
+            self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.RUNNING,
+                                                            RunStateField.STARTED_AT: time.time()})
             shutil.copyfile(self.config_path, self.out_dir / "config.yaml")
             self._started_s = time.monotonic()
             for spec in service_specs(self.config):
@@ -315,13 +318,15 @@ class Job:
     def elapsed_s(self) -> float:
         return time.monotonic() - self._started_s
 
-    def poll(self) -> str:
-        """The run's status; raises ServiceCrashed when a child died, RuntimeError when the run failed."""
+    def poll(self) -> RunStatus | None:
+        """The run's status (None before it is set); raises ServiceCrashed when a child died,
+        RuntimeError when the run failed."""
         state = read_hash(self.redis, self.names.run_state)
-        if state.get("status") == "failed":
-            raise RuntimeError(f"the run was marked failed: {state.get('reason', 'no reason given')}")
-        if state.get("status") == "done":
-            return "done"
+        status = RunStatus(state[RunStateField.STATUS]) if RunStateField.STATUS in state else None
+        if status is RunStatus.FAILED:
+            raise RuntimeError(f"the run was marked failed: {state.get(RunStateField.REASON, 'no reason given')}")
+        if status is RunStatus.DONE:
+            return status
         for name, proc in self.procs.items():
             if proc.poll() not in (None, 0):
                 path = self.log_dir / f"{name}.log"
@@ -329,14 +334,18 @@ class Job:
                                      f"--- last lines of {path.name} ---\n{log_tail(path)}")
         if all(proc.poll() is not None for proc in self.procs.values()):
             raise ServiceCrashed(f"every service exited before the run was done; logs in {self.log_dir}")
-        return state.get("status", "")
+        return status
 
     def completed_micro_steps(self) -> int:
-        return max(0, int(read_hash(self.redis, self.names.trainer_state).get("global_steps", "1")) - 1)
+        trainer = read_hash(self.redis, self.names.trainer_state)
+        return max(0, int(trainer.get(TrainerStateField.GLOBAL_STEPS, "1")) - 1)
 
     def fail(self, reason: str) -> None:
-        if self.client is not None and read_hash(self.client, self.names.run_state).get("status") != "done":
-            self.client.hset(self.names.run_state, mapping={"status": "failed", "reason": reason[:2000]})
+        if self.client is None:
+            return
+        if read_hash(self.client, self.names.run_state).get(RunStateField.STATUS) != RunStatus.DONE:
+            self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.FAILED,
+                                                            RunStateField.REASON: reason[:2000]})
 
     def stop(self) -> dict[str, int]:
         self.exit_codes = self.exit_codes or (stop_services(self.procs) if self.procs else {})
@@ -358,7 +367,7 @@ class Job:
             **read_hash(self.redis, self.names.run_state), "config": str(self.config_path),
             "namespace": self.names.namespace, "redis_url": "embedded" if self.embedded else self.redis_url,
             "wall_time_s": round(wall_time_s, 3), "policy": policy.get("name"), "policy_config": policy,
-            "param_versions": int(read_hash(self.redis, self.names.trainer_state).get("version", 0)),
+            "param_versions": int(read_hash(self.redis, self.names.trainer_state).get(TrainerStateField.VERSION, 0)),
             "micro_steps": self.completed_micro_steps(), "total_micro_steps": self.total_micro_steps,
             "replicas": {"standalone": len(self.config.standalone_ids), "hybrid": len(self.config.hybrid_ids)},
             "samples": sample_counts(read_hash(self.redis, self.names.accounting)),
@@ -375,7 +384,7 @@ def run_job(config_path: str | Path, out_dir: str | Path, redis_url: str | None 
     with Job(config_path=config_path, out_dir=out_dir, redis_url=redis_url, fresh=fresh) as job:
         disable = None if progress else True  # None: tqdm turns itself off when not on a terminal
         with tqdm(total=job.total_micro_steps, unit="step", desc=job.config.run.name, disable=disable) as bar:
-            while job.poll() != "done":
+            while job.poll() is not RunStatus.DONE:
                 if timeout_s is not None and job.elapsed_s > timeout_s:
                     raise TimeoutError(f"the run did not finish within {timeout_s:.0f}s; logs in {job.log_dir}")
                 bar.update(min(job.completed_micro_steps(), job.total_micro_steps) - bar.n)
