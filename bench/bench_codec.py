@@ -47,18 +47,23 @@ PROMPT_TOKENS = 512
 
 
 def messages() -> dict[str, Any]:
-    trajectories = [Trajectory(request_id=f"sample_0_7/{i}", response_token_ids=list(range(i, i + RESPONSE_TOKENS)),
+    trajectories = [Trajectory(request_id=f"sample_0_7/{i}",
+                               response_token_ids=list(range(i, i + RESPONSE_TOKENS)),
                                response_logprobs=[-0.5 - j * 1e-4 for j in range(RESPONSE_TOKENS)],
                                finish_reason=FinishReason.STOP, reward=1.0, min_version=3, max_version=4,
-                               num_attempts=2, replica_ids=["hybrid_0", "standalone_1"], generation_time_s=1.5)
+                               num_attempts=2, replica_ids=["hybrid_0", "standalone_1"],
+                               generation_time_s=1.5)
                     for i in range(NUM_TRAJECTORIES)]
     return {
-        "sample_16x1024": Sample(sample_id="sample_0_7", prompt_token_ids=list(range(PROMPT_TOKENS)), answer="42",
+        "sample_16x1024": Sample(sample_id="sample_0_7", prompt_token_ids=list(range(PROMPT_TOKENS)),
+                                 answer="42",
                                  trajectories=trajectories, enqueued_at=1.7e9),
         "generate_request": GenerateRequest(request_id="sample_0_7/3", sample_id="sample_0_7",
-                                            prompt_token_ids=list(range(PROMPT_TOKENS)), max_tokens=1024, attempt=1),
+                                            prompt_token_ids=list(range(PROMPT_TOKENS)), max_tokens=1024,
+                                            attempt=1),
         "command": Command(command_id="5f0c9e", action=CommandAction.UPDATE_WEIGHTS,
-                           replica_ids=["standalone_0", "standalone_1"], version=7, weights_path="/w/v000007"),
+                           replica_ids=["standalone_0", "standalone_1"], version=7,
+                           weights_path="/w/v000007"),
     }
 
 
@@ -198,7 +203,8 @@ class StructCodec:
                                              if f.name in self.header], kw_only=True)
         self.decoder = msgspec.msgpack.Decoder(msgspec.defstruct(cls.__name__ + "P", [
             (f.name, f.type, msgspec.field(default_factory=f.default_factory) if f.default_factory
-             is not msgspec.NODEFAULT else f.default) for f in fields if f.name in self.payload], kw_only=True))
+             is not msgspec.NODEFAULT else f.default) for f in fields if f.name in self.payload],
+             kw_only=True))
         self.encoder = msgspec.msgpack.Encoder()
 
     def encode(self, message: Any) -> dict[str, Any]:
@@ -258,7 +264,8 @@ def run(repeats: int) -> dict[str, Any]:
             "wire_bytes": sum(len(k) + len(v) for k, v in wire.items()),
             "hand-written": {"encode_us": per_call_us(lambda m=message: hand_encode(m), repeats),
                              "decode_us": per_call_us(lambda c=cls, w=wire: hand_decode(w, c), repeats)},
-            "hand-written+check": {"decode_us": per_call_us(lambda c=cls, w=wire: hand_decode_checked(w, c), repeats)},
+            "hand-written+check": {"decode_us": per_call_us(lambda c=cls, w=wire: hand_decode_checked(w, c),
+                                                            repeats)},
             "msgspec/dataclass": {"encode_us": per_call_us(lambda m=message, c=codec: c.encode(m), repeats),
                                   "decode_us": per_call_us(lambda c=codec, w=wire: c.decode(w), repeats)},
             "msgspec/Struct": {"encode_us": per_call_us(lambda m=struct_message, c=struct_codec: c.encode(m),
@@ -270,7 +277,8 @@ def run(repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timing runs per measurement (the best is kept)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timing runs per measurement (the best is kept)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
     result = run(args.repeats)

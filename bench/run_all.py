@@ -26,7 +26,8 @@ from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BENCHES: dict[str, dict[str, list[str]]] = {
-    "mq": {"full": [], "quick": ["--num-samples", "2000", "--num-unpipelined", "500", "--bench-requests", "10000"]},
+    "mq": {"full": [],
+           "quick": ["--num-samples", "2000", "--num-unpipelined", "500", "--bench-requests", "10000"]},
     "lb": {"full": [], "quick": ["--num-requests", "20000", "--num-paced", "200", "--num-burst", "2000"]},
     "control_plane": {"full": [], "quick": ["--num-switches", "3", "--dwell-s", "0.1"]},
     "codec": {"full": [], "quick": ["--repeats", "1"]},
@@ -42,7 +43,8 @@ def run_bench(name: str, args: list[str], *, timeout_s: float, workdir: Path) ->
     started = time.monotonic()
     print(f"[{name}] {' '.join(cmd[1:])}", flush=True)
     try:
-        proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
         status = "ok" if proc.returncode == 0 and out.exists() else f"exit {proc.returncode}"
         log = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
@@ -54,7 +56,8 @@ def run_bench(name: str, args: list[str], *, timeout_s: float, workdir: Path) ->
     if status != "ok":
         print(log[-3000:], file=sys.stderr)
         return {"status": status, "elapsed_s": elapsed_s, "log_tail": log[-3000:]}
-    return {"status": status, "elapsed_s": elapsed_s, "stdout": proc.stdout, "result": json.loads(out.read_text())}
+    return {"status": status, "elapsed_s": elapsed_s, "stdout": proc.stdout,
+            "result": json.loads(out.read_text())}
 
 
 def _mq_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
@@ -86,7 +89,8 @@ def _lb_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                      f"p50 {row['p50_ms']:.2f} ms  p99 {row['p99_ms']:.2f} ms"))
     burst = svc["burst"]
     rows.append((f"LB service {svc['num_replicas']} replicas, burst {burst['sent']}",
-                 f"{burst['routed_per_s']:,.0f} req/s  p50 {burst['p50_ms']:.0f} ms  p99 {burst['p99_ms']:.0f} ms"))
+                 f"{burst['routed_per_s']:,.0f} req/s  p50 {burst['p50_ms']:.0f} ms  "
+                 f"p99 {burst['p99_ms']:.0f} ms"))
     return rows
 
 
@@ -94,8 +98,9 @@ def _codec_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     for message, row in result["messages"].items():
         for variant in ("hand-written", "msgspec/dataclass"):
+            times = row[variant]
             rows.append((f"{message} {variant}",
-                         f"encode {row[variant]['encode_us']:.1f} us  decode {row[variant]['decode_us']:.1f} us"))
+                         f"encode {times['encode_us']:.1f} us  decode {times['decode_us']:.1f} us"))
     return rows
 
 

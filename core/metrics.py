@@ -211,7 +211,8 @@ def reduction_for(key: str) -> str:
         return "last"
     if key in SUM_KEYS or "timing_s/" in key:
         return "sum"
-    for needles, rule in ((("mean", "avg"), "mean"), (("max",), "max"), (("min",), "min"), (("sum", "total"), "sum")):
+    for needles, rule in ((("mean", "avg"), "mean"), (("max",), "max"), (("min",), "min"),
+                          (("sum", "total"), "sum")):
         if any(needle in key for needle in needles):
             return rule
     return "mean"

@@ -52,6 +52,7 @@ def transition(state: ReplicaState, action: CommandAction) -> ReplicaState:
         return state
     next_state = _TRANSITIONS.get((state, action))
     if next_state is None:
-        legal = sorted(a.value for (s, a) in _TRANSITIONS if s == state) + sorted(a.value for a in WEIGHT_ACTIONS)
+        legal = sorted(a.value for (s, a) in _TRANSITIONS if s == state)
+        legal += sorted(a.value for a in WEIGHT_ACTIONS)
         raise IllegalReplicaTransition(f"replica cannot {str(action)!r} while {state.value}; legal: {legal}")
     return next_state

@@ -26,7 +26,8 @@ class FixedRatioDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     lie in [0, 1]; only_hybrid pins it at 1.0 (as the original did).
     """
 
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool,
+                          ctx: DynamicScheduleContext) -> bool:
         return is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:

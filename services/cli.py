@@ -37,7 +37,7 @@ class CliError(Exception):
     """A failure to report as one line on stderr (exit status 1)."""
 
 
-# -- run / up ------------------------------------------------------------------------------------------------------
+# -- run / up ------------------------------------------------------------------------------------------
 
 
 def default_out_dir(config_path: str, prefix: str = "") -> Path:
@@ -47,16 +47,19 @@ def default_out_dir(config_path: str, prefix: str = "") -> Path:
 def run_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh: bool,
                 timeout_s: float | None, progress: bool) -> int:
     """Run one training job end to end; print where its outputs are. Non-zero if a sample was lost."""
-    summary = launcher.run_job(config_path, out_dir, redis_url, fresh=fresh, progress=progress, timeout_s=timeout_s)
+    summary = launcher.run_job(config_path, out_dir, redis_url, fresh=fresh, progress=progress,
+                               timeout_s=timeout_s)
     samples, switches = summary["samples"], summary["switches"]
     print(f"{summary.get('status', '?')} in {summary['wall_time_s']:.1f}s: policy {summary['policy']}, "
           f"{summary['param_versions']} weight versions, {summary['micro_steps']} micro-steps")
     print("samples: " + ", ".join(f"{key}={value}" for key, value in samples.items()))
     print(f"switches: {switches['activations']} activations, {switches['deactivations']} deactivations")
-    print(f"outputs: {out_dir}/summary.json, {out_dir}/metrics.jsonl ({summary.get('num_cycles', 0)} cycles), "
+    print(f"outputs: {out_dir}/summary.json, "
+          f"{out_dir}/metrics.jsonl ({summary.get('num_cycles', 0)} cycles), "
           f"{out_dir}/audit.jsonl, logs in {out_dir}/logs/")
     if samples[launcher.LOST] != 0:
-        print(f"{PROG}: error: {samples[launcher.LOST]} sample(s) lost (fed != generating+queued+trained+dropped)",
+        print(f"{PROG}: error: {samples[launcher.LOST]} sample(s) lost "
+              "(fed != generating+queued+trained+dropped)",
               file=sys.stderr)
         return 1
     return 0
@@ -78,7 +81,7 @@ def up_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh:
             time.sleep(launcher.POLL_INTERVAL_S)
 
 
-# -- admin API -----------------------------------------------------------------------------------------------------
+# -- admin API -----------------------------------------------------------------------------------------
 
 
 def find_admin(*, redis_url: str, namespace: str) -> str:
@@ -91,7 +94,8 @@ def find_admin(*, redis_url: str, namespace: str) -> str:
         raise CliError(f"cannot read Redis at {redis_url}: {exc}") from exc
     if not address:
         raise CliError(f"no controller admin address at {names.controller_admin} on {redis_url}; "
-                       f"is a run up there (namespace {namespace!r})? Pass --redis-url/--namespace or --admin.")
+                       f"is a run up there (namespace {namespace!r})? "
+                       "Pass --redis-url/--namespace or --admin.")
     return address
 
 
@@ -117,7 +121,8 @@ def _error_text(response: httpx.Response) -> str:
     except (ValueError, AttributeError):
         return response.text
     if isinstance(detail, list) and all(isinstance(item, dict) and "msg" in item for item in detail):
-        return "; ".join(".".join(str(p) for p in item.get("loc", ())) + f": {item['msg']}" for item in detail)
+        return "; ".join(".".join(str(p) for p in item.get("loc", ())) + f": {item['msg']}"
+                         for item in detail)
     return detail if isinstance(detail, str) else response.text
 
 
@@ -131,7 +136,7 @@ def policy_body(*, name: str | None, ratio: float | None) -> dict[str, Any] | No
     return body or None
 
 
-# -- wiring --------------------------------------------------------------------------------------------------------
+# -- wiring --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     activate = commands.add_parser("activate", help="force the hybrids on at the next safe point")
     deactivate = commands.add_parser("deactivate", help="force the hybrids off at the next safe point")
     policy = commands.add_parser("policy", help="show the policy, or change its name / deactivate ratio")
-    policy.add_argument("--name", help="registered policy name, e.g. default, fixed_ratio, static_fully_async")
+    policy.add_argument("--name",
+                        help="registered policy name, e.g. default, fixed_ratio, static_fully_async")
     policy.add_argument("--ratio", type=float, help="dynamic_schedule_deactivate_ratio")
     for sub in (status, activate, deactivate, policy):
         sub.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
@@ -204,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 body = policy_body(name=args.name, ratio=args.ratio)
                 print_json(call_admin(address, "PUT" if body else "GET", "/policy", body))
             else:
-                print_json(call_admin(address, "GET" if args.command == "status" else "POST", f"/{args.command}"))
+                print_json(call_admin(address, "GET" if args.command == "status" else "POST",
+                                      f"/{args.command}"))
             return 0
         return int(args.handler(args) or 0)  # a subcommand registered by sim.cli (simulate, plan)
     except KeyboardInterrupt:

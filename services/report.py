@@ -27,7 +27,8 @@ from core.controller import SyncWeights  # noqa: E402
 from shared.schema import AuditEvent, AuditKind, AuditPhase, ReplicaState  # noqa: E402
 from sim.plots import COLORS  # noqa: E402  (one palette for simulated and recorded runs)
 
-_STATE_CATEGORY = {ReplicaState.SERVING: "rollout", ReplicaState.PAUSED: "switch", ReplicaState.SLEEPING: "idle"}
+_STATE_CATEGORY = {ReplicaState.SERVING: "rollout", ReplicaState.PAUSED: "switch",
+                   ReplicaState.SLEEPING: "idle"}
 TRAINER = "trainer"
 """The subject of the trainer's audit events, and the chart row of its compute."""
 
@@ -46,7 +47,8 @@ def read_audit(path: Path) -> list[AuditEvent]:
 
 
 def timeline(events: list[AuditEvent]) -> dict[str, list[Interval]]:
-    """Per row (replica ids, 'trainer'): (start, end, category) intervals, times relative to the first event."""
+    """Per row (replica ids, 'trainer'): (start, end, category) intervals, times relative to the
+    first event."""
     if not events:
         return {}
     t0 = events[0].t

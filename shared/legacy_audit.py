@@ -41,7 +41,8 @@ def typed(*, kind: str, subject: str, detail: str, version: int, t: float) -> Au
                       duration_s=float(words[-1].removesuffix("s")))
     elif audit_kind is AuditKind.PUSH and (match := _PUSH.match(detail)):
         result = match["result"]
-        fields.update(transport=match["transport"], replica_ids=_QUOTED.findall(match["ids"]), ok=result == "ok",
+        fields.update(transport=match["transport"], replica_ids=_QUOTED.findall(match["ids"]),
+                      ok=result == "ok",
                       error=result.removeprefix("failed: ") if result != "ok" else "",
                       duration_s=float(match["duration"]))
     return AuditEvent(kind=audit_kind, subject=subject, detail=detail, version=version, t=t, **fields)

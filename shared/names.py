@@ -39,8 +39,8 @@ MAX_DELIVERIES = 5
 
 
 class SampleState(StrEnum):
-    """A sample's lifecycle state, the values of the `sample_states` hash (fed -> generating -> queued -> trained,
-    or dropped with a reason)."""
+    """A sample's lifecycle state, the values of the `sample_states` hash
+    (fed -> generating -> queued -> trained, or dropped with a reason)."""
 
     GENERATING = "generating"
     QUEUED = "queued"

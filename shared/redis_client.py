@@ -24,7 +24,8 @@ MAX_CONNECTIONS = 32  # per client; callers beyond it wait for a free connection
 
 
 def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S,
-            health_check_interval_s: int = HEALTH_CHECK_INTERVAL_S, client_name: str | None = None) -> aredis.Redis:
+            health_check_interval_s: int = HEALTH_CHECK_INTERVAL_S,
+            client_name: str | None = None) -> aredis.Redis:
     """An asyncio bytes client retrying connection errors with backoff; its pool waits when every
     connection is busy (redis-py's default pool raises). ``aclose()`` it."""
     if socket_timeout_s * 1000 <= 2 * BLOCK_MS:

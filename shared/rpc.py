@@ -71,7 +71,8 @@ class CommandClient:
         """Publish without waiting for an ack (to a peer that is down: it replays it on restart)."""
         await self.bus.publish(stream, _command(action, fields))
 
-    async def call_many(self, streams: list[str], action: CommandAction | str, **fields: object) -> list[CommandAck]:
+    async def call_many(self, streams: list[str], action: CommandAction | str,
+                        **fields: object) -> list[CommandAck]:
         return list(await asyncio.gather(*(self.call(s, action, **fields) for s in streams)))
 
     async def _read_acks(self, last_id: str) -> None:
@@ -95,4 +96,5 @@ class CommandClient:
 
 
 def _command(action: CommandAction | str, fields: dict[str, object]) -> Command:
-    return Command(command_id=uuid.uuid4().hex, action=CommandAction(action), **fields)  # type: ignore[arg-type]
+    return Command(command_id=uuid.uuid4().hex, action=CommandAction(action),
+                   **fields)  # type: ignore[arg-type]

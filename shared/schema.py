@@ -116,7 +116,8 @@ class GenerateResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
-    """Controller (or the trainer, for a push) -> worker / load balancer / rollouter: one idempotent action."""
+    """Controller (or the trainer, for a push) -> worker / load balancer / rollouter: one idempotent
+    action."""
 
     type: ClassVar[str] = "command"
     command_id: str

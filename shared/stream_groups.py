@@ -35,7 +35,8 @@ async def ensure_group(r: aredis.Redis, stream: str, group: str, *, start_id: st
     return True
 
 
-async def xadd_many(r: aredis.Redis, stream: str, entries: Iterable[Fields], *, chunk_size: int = 256) -> list[bytes]:
+async def xadd_many(r: aredis.Redis, stream: str, entries: Iterable[Fields], *,
+                    chunk_size: int = 256) -> list[bytes]:
     """XADD every entry in order, pipelined ``chunk_size`` at a time; returns the ids."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")

@@ -147,7 +147,8 @@ class StreamConsumer:
             raise ValueError(f"count must be >= 1, got {count}")
         timeout_s = self.r.connection_pool.connection_kwargs.get("socket_timeout")
         if block_ms < 0 or (timeout_s is not None and block_ms >= timeout_s * 1000 / 2):
-            raise ValueError(f"block_ms={block_ms} must be >= 0 and below half the socket timeout {timeout_s}s")
+            raise ValueError(f"block_ms={block_ms} must be >= 0 and below half the socket timeout "
+                             f"{timeout_s}s")
         deadline_s = time.monotonic() + RECONNECT_TIMEOUT_S
         delay_s = 0.05
         while True:
@@ -170,7 +171,8 @@ class StreamConsumer:
                 self.rewind()  # the lost reply may have delivered entries to us
                 if time.monotonic() >= deadline_s:
                     raise
-                log.warning("read on %s/%s failed (%r); retrying in %.2fs", self.stream, self.consumer, exc, delay_s)
+                log.warning("read on %s/%s failed (%r); retrying in %.2fs", self.stream, self.consumer, exc,
+                            delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(1.0, delay_s * 2)
 
@@ -183,7 +185,8 @@ class StreamConsumer:
 
     async def _replay(self, count: int) -> list[StreamEntry]:
         while self._replay_cursor is not None:
-            resp = await self._reader.xreadgroup(self.group, self.consumer, {self.stream: self._replay_cursor}, count=count)
+            resp = await self._reader.xreadgroup(self.group, self.consumer,
+                                                 {self.stream: self._replay_cursor}, count=count)
             page = _only_stream(resp)
             if not page:
                 self._replay_cursor = None
@@ -199,7 +202,9 @@ class StreamConsumer:
                 return kept
         return []
 
-    async def _screen(self, candidates: Sequence[tuple[bytes, dict[bytes, bytes] | None, int]]) -> list[StreamEntry]:
+    async def _screen(self,
+                      candidates: Sequence[tuple[bytes, dict[bytes, bytes] | None,
+                                                 int]]) -> list[StreamEntry]:
         """Ack deleted entries, dead-letter over-delivered ones, return the rest."""
         kept: list[StreamEntry] = []
         deleted: list[bytes] = []
@@ -211,7 +216,8 @@ class StreamConsumer:
             else:
                 kept.append(StreamEntry(entry_id, fields, deliveries))
         if deleted:
-            log.warning("acking %d entries of %s deleted while pending: %s", len(deleted), self.stream, deleted)
+            log.warning("acking %d entries of %s deleted while pending: %s", len(deleted), self.stream,
+                        deleted)
             await self.r.xack(self.stream, self.group, *deleted)
             self.deleted_pending += len(deleted)
         self._outstanding.update(e.entry_id for e in kept)

@@ -69,7 +69,8 @@ class CommandAction(StrEnum):
     RESET_STALENESS = "reset_staleness"
 
 
-WEIGHT_ACTIONS = frozenset({CommandAction.UPDATE_WEIGHTS, CommandAction.WEIGHTS_INIT, CommandAction.WEIGHTS_START,
+WEIGHT_ACTIONS = frozenset({CommandAction.UPDATE_WEIGHTS, CommandAction.WEIGHTS_INIT,
+                            CommandAction.WEIGHTS_START,
                             CommandAction.WEIGHTS_UPDATE, CommandAction.WEIGHTS_FINISH})
 """The worker actions that load weights (the replica's lifecycle state is unchanged)."""
 

@@ -67,7 +67,8 @@ class Stack:
             self.start_controller()
         services: dict[str, Callable[[], Any]] = {
             "loadbalancer": lambda: LoadBalancer(bus=self.bus(), initial_replica_ids=config.standalone_ids),
-            "rollouter": lambda: Rollouter(bus=self.bus(), config=config, prompts=build_prompt_source(config)),
+            "rollouter": lambda: Rollouter(bus=self.bus(), config=config,
+                                           prompts=build_prompt_source(config)),
             "trainer": lambda: Trainer(bus=self.bus(), config=config, backend=SimTrainer(config)),
         }
         for name, build in services.items():
@@ -78,7 +79,8 @@ class Stack:
                                prompt_length=config.data.prompt_length, seed=config.run.seed)
             await engine.start()
             initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
-            worker = RolloutWorker(bus=self.bus(), replica_id=replica_id, engine=engine, initial_state=initial)
+            worker = RolloutWorker(bus=self.bus(), replica_id=replica_id, engine=engine,
+                                   initial_state=initial)
             self.tasks[replica_id] = asyncio.create_task(worker.run(self.stop))
 
     def start_controller(self) -> Controller:

@@ -41,7 +41,8 @@ def packed(payload: object) -> bytes:
 def test_enum_fields_come_back_as_enum_members():
     command = decode(as_redis(encode(Command(command_id="c", action=CommandAction.ABORT))))
     assert isinstance(command, Command) and command.action is CommandAction.ABORT
-    result = decode(as_redis(encode(GenerateResult(request_id="r", sample_id="s", replica_id="h", token_ids=[1],
+    result = decode(as_redis(encode(GenerateResult(request_id="r", sample_id="s", replica_id="h",
+                                                   token_ids=[1],
                                                    logprobs=[-0.5], finish_reason=FinishReason.LENGTH,
                                                    weight_version=2))))
     assert isinstance(result, GenerateResult) and result.finish_reason is FinishReason.LENGTH
@@ -49,7 +50,8 @@ def test_enum_fields_come_back_as_enum_members():
 
 @pytest.mark.parametrize("report", [
     ReplicaReport(state=ReplicaState.PAUSED, version=3, duration_s=0.25),
-    RoutingReport(members=["standalone_0", "hybrid_0"], loads={"standalone_0": 2, "hybrid_0": 0}, total_inflight=2,
+    RoutingReport(members=["standalone_0", "hybrid_0"], loads={"standalone_0": 2, "hybrid_0": 0},
+                  total_inflight=2,
                   waiting=1, changed=["hybrid_0"]),
     RolloutReport(max_concurrent_samples=32, metrics={"fully_async/rollouter/idle_ratio": 0.25}),
 ], ids=lambda r: type(r).__name__)
@@ -61,7 +63,8 @@ def test_an_ack_carries_its_typed_report_across_the_wire(report):
 
 
 def test_audit_fields_that_do_not_apply_stay_off_the_wire_and_come_back_none():
-    event = AuditEvent(kind=AuditKind.LB, subject="loadbalancer", t=1.5, alive=False, replica_ids=["standalone_0"])
+    event = AuditEvent(kind=AuditKind.LB, subject="loadbalancer", t=1.5, alive=False,
+                       replica_ids=["standalone_0"])
     fields = encode(event)
     assert fields["alive"] == "0" and "state" not in fields and "duration_s" not in fields
     back = decode(as_redis(fields))
@@ -70,7 +73,7 @@ def test_audit_fields_that_do_not_apply_stay_off_the_wire_and_come_back_none():
 
 def test_header_fields_are_readable_strings():
     fields = encode(Command(command_id="c", action=CommandAction.UPDATE_WEIGHTS, version=3))
-    assert fields["action"] == "update_weights" and fields["version"] == "3"
+    assert fields["action"] == CommandAction.UPDATE_WEIGHTS.value and fields["version"] == "3"
 
 
 GOOD_REQUEST = dict(type="generate", request_id="r", sample_id="s", max_tokens="4",
@@ -97,13 +100,15 @@ def with_(**changes: object) -> dict[bytes, bytes]:
     (with_(sample_id=None), "missing required field `sample_id`"),
     (with_(max_tokens="four"), "Expected `int`, got `str`"),
     (entry(type="command", command_id="c", action="explode"), "Invalid enum value 'explode'"),
-    (entry(type="result", request_id="r", sample_id="s", replica_id="h", finish_reason="done", weight_version="1",
-           payload=packed({"token_ids": [], "logprobs": []})), "Invalid enum value 'done'"),
+    (entry(type="result", request_id="r", sample_id="s", replica_id="h", finish_reason="finished",
+           weight_version="1",
+           payload=packed({"token_ids": [], "logprobs": []})), "Invalid enum value 'finished'"),
     (entry(type="ack", command_id="c", sender="s", ok="maybe"), "Expected `bool`, got `str`"),
     (entry(type="ack", command_id="c", sender="s", ok="1", payload=packed({"routing": {"members": "h"}})),
      "Expected `array`, got `str`"),
     (entry(type="sample", sample_id="s", answer="", payload=packed({"prompt_token_ids": [], "trajectories": [
-        {"request_id": "s/0", "response_token_ids": [1], "response_logprobs": ["x"], "finish_reason": "stop"}]})),
+        {"request_id": "s/0", "response_token_ids": [1], "response_logprobs": ["x"],
+         "finish_reason": "stop"}]})),
      "Expected `float`, got `str`"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_malformed_entry_raises_malformed_message_and_nothing_else(raw, complaint):

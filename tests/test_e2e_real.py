@@ -131,7 +131,8 @@ def launch(config_path: Path, out_dir: Path) -> RealRun:
         summary = run_job(config_path, out_dir, url, progress=False, timeout_s=RUN_TIMEOUT_S)
         config = load_config(config_path)
         with redis.Redis.from_url(url) as client:
-            samples = [m for _, m in read_stream(client, Names(config.run.namespace).mq) if isinstance(m, Sample)]
+            samples = [m for _, m in read_stream(client, Names(config.run.namespace).mq)
+                       if isinstance(m, Sample)]
     finally:
         server.stop()
     return RealRun(config=config, summary=summary, metrics=read_jsonl(out_dir / "metrics.jsonl"),
@@ -141,7 +142,8 @@ def launch(config_path: Path, out_dir: Path) -> RealRun:
 @pytest.fixture(scope="module")
 def ci_run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealRun]:
     base = tmp_path_factory.mktemp("real_ci")
-    config_path = write_run_config(CI_CONFIG, base / "real_ci.yaml", model_dir=model_dir, work_dir=base / "work")
+    config_path = write_run_config(CI_CONFIG, base / "real_ci.yaml", model_dir=model_dir,
+                                   work_dir=base / "work")
     yield launch(config_path, base / "out")
 
 
@@ -175,7 +177,8 @@ def test_the_trainer_publishes_one_weight_version_per_sync_cycle(ci_run: RealRun
     trigger = ci_run.config.async_training.trigger_parameter_sync_step
     assert ci_run.summary["param_versions"] == expected_versions
     assert [row["version"] for row in ci_run.metrics] == list(range(1, expected_versions + 1))
-    assert [row["global_steps"] for row in ci_run.metrics] == [v * trigger for v in range(1, expected_versions + 1)]
+    steps = [v * trigger for v in range(1, expected_versions + 1)]
+    assert [row["global_steps"] for row in ci_run.metrics] == steps
     versions = trained_at_versions(ci_run.audit)
     assert sorted(versions) == list(range(1, expected_versions * trigger + 1))
     assert all(versions[gs] == (gs - 1) // trigger for gs in versions), versions
@@ -233,15 +236,17 @@ def test_dynamic_scheduling_leaves_the_reward_curve_within_noise_of_static(
     from bench.fidelity import compare
 
     base = tmp_path_factory.mktemp("real_ci_static")
-    config_path = write_run_config(CI_CONFIG, base / "static.yaml", model_dir=model_dir, work_dir=base / "work",
-                                   overrides={"async_training": {"dynamic_schedule_policy": "static_fully_async"},
-                                              "rollout": {"standalone_weight_transport": "filesystem",
-                                                          "hybrid_weight_transport": "filesystem"}})
+    overrides = {"async_training": {"dynamic_schedule_policy": "static_fully_async"},
+                 "rollout": {"standalone_weight_transport": "filesystem",
+                             "hybrid_weight_transport": "filesystem"}}
+    config_path = write_run_config(CI_CONFIG, base / "static.yaml", model_dir=model_dir,
+                                   work_dir=base / "work", overrides=overrides)
     static = launch(config_path, base / "out")
     assert static.summary["switches"]["activations"] == 0
     assert static.summary["samples"][LOST] == 0
     per_version = ci_run.limits.required_samples * ci_run.config.async_training.trigger_parameter_sync_step
-    result = compare(static.rewards, ci_run.rewards, trajectories_per_version=per_version * ci_run.config.data.n)
+    result = compare(static.rewards, ci_run.rewards,
+                     trajectories_per_version=per_version * ci_run.config.data.n)
     assert result["agree"], (result, static.rewards, ci_run.rewards)
 
 
@@ -258,7 +263,8 @@ def test_a_standalone_worker_killed_mid_run_rejoins_the_push_group_and_nothing_i
     from services.launcher import Job, start_service, write_outputs
 
     base = tmp_path_factory.mktemp("real_restart")
-    config_path = write_run_config(CI_CONFIG, base / "restart.yaml", model_dir=model_dir, work_dir=base / "work",
+    config_path = write_run_config(CI_CONFIG, base / "restart.yaml", model_dir=model_dir,
+                                   work_dir=base / "work",
                                    overrides={"data": {"total_rollout_steps": 768}})
     out = base / "out"
     name = "rollout_worker-standalone_0"

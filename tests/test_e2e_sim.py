@@ -95,7 +95,8 @@ async def test_a_sync_with_enough_samples_queued_skips_activation_and_the_hybrid
     # after the first cycles the queue holds more than ratio x step_required, so the gap is <= 0.
     stack = await run_stack(redis_server.url, rollout={"nnodes": 1, "n_gpus_per_node": 4},
                             trainer={"time_per_sample_s": 40.0},
-                            async_training={"staleness_threshold": 1.0, "dynamic_schedule_deactivate_ratio": 0.1})
+                            async_training={"staleness_threshold": 1.0,
+                                            "dynamic_schedule_deactivate_ratio": 0.1})
     cycles = sync_cycles(await stack.audit())
     sync = cc.SyncWeights.kind
     skipped = [c for c in cycles[1:] if (sync, "standalone") in c and (sync, "hybrid") not in c]
@@ -113,15 +114,18 @@ async def test_aborted_requests_finish_on_standalones_with_min_and_max_versions_
              and t.replica_ids[-1].startswith("standalone")]
     assert moved, "no trajectory was aborted on a hybrid and finished on a standalone"
     assert all(t.num_attempts > 1 for t in moved)
-    assert any(t.max_version > t.min_version for t in trajectories), "no partial rollout crossed a weight sync"
+    assert any(t.max_version > t.min_version for t in trajectories), \
+        "no partial rollout crossed a weight sync"
     assert all(t.min_version <= t.max_version for t in trajectories)
 
 
 async def test_static_fully_async_with_standalones_keeps_hybrids_asleep(redis_server):
-    stack = await run_stack(redis_server.url, async_training={"dynamic_schedule_policy": "static_fully_async"})
+    stack = await run_stack(redis_server.url,
+                            async_training={"dynamic_schedule_policy": "static_fully_async"})
     events = await stack.audit()
     assert not [e for e in events if e.kind is AuditKind.SWITCH]
-    hybrid_states = [e.state for e in events if e.kind is AuditKind.REPLICA_STATE and e.subject.startswith("hybrid")]
+    hybrid_states = [e.state for e in events
+                     if e.kind is AuditKind.REPLICA_STATE and e.subject.startswith("hybrid")]
     assert hybrid_states and all(state is ReplicaState.SLEEPING for state in hybrid_states)
     assert (await stack.accounting())[LOST] == 0
 
@@ -135,7 +139,8 @@ async def test_colocated_mode_without_standalones_completes(redis_server):
 
 
 async def test_admin_forced_activation_happens_at_the_next_sync_with_the_normal_ordering(redis_server):
-    stack = Stack(sim_config(async_training={"dynamic_schedule_policy": "static_fully_async"}), redis_server.url)
+    stack = Stack(sim_config(async_training={"dynamic_schedule_policy": "static_fully_async"}),
+                  redis_server.url)
     await stack.start()
     assert stack.controller is not None
     transport = httpx.ASGITransport(app=build_app(stack.controller, PrometheusExporter()))
@@ -166,7 +171,8 @@ def spawn(service: str, config_path, redis_url: str, *extra: str) -> subprocess.
     ("trainer", "trainer", ()),
     ("rollout_worker", "standalone_0", ("--replica-id", "standalone_0")),
 ])
-async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost(redis_server, tmp_path, service, name,
+async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost(redis_server, tmp_path, service,
+                                                                         name,
                                                                         extra):
     config = sim_config(data={"total_rollout_steps": 96})
     config_path = tmp_path / "config.yaml"
@@ -279,7 +285,8 @@ async def test_a_weight_push_that_fails_falls_back_to_the_filesystem_and_the_run
     stack = Stack(sim_config(), redis_server.url)
     await stack.start(without=("controller",))
     controller = stack.start_controller()  # its task has not run yet: configure before the first sync
-    controller.executor.transports = dict.fromkeys(stack.config.standalone_ids + stack.config.hybrid_ids, "gloo")
+    controller.executor.transports = dict.fromkeys(stack.config.standalone_ids + stack.config.hybrid_ids,
+                                                   "gloo")
     try:
         await stack.wait_done(timeout_s=90)
         states = await stack.buses[0].redis.hgetall(stack.names.replica_states)

@@ -74,7 +74,8 @@ def test_run_job_refuses_a_used_namespace_before_starting_any_service(redis_serv
         client.hset(names.run_state, RunStateField.STATUS, RunStatus.DONE)
         with pytest.raises(NamespaceInUse):
             launcher.run_job(SMALL_CONFIG, tmp_path / "out", redis_server.url, progress=False)
-        assert client.hget(names.run_state, RunStateField.STATUS) == RunStatus.DONE.encode(), "a refused run must not touch the namespace"
+        status = client.hget(names.run_state, RunStateField.STATUS)
+        assert status == RunStatus.DONE.encode(), "a refused run must not touch the namespace"
     assert sorted(p.name for p in (tmp_path / "out" / "logs").iterdir()) == []
 
 
@@ -84,7 +85,8 @@ def test_services_start_controller_first_trainer_last_with_one_worker_per_replic
     assert [s.name for s in specs][:2] == ["controller", "loadbalancer"]
     assert [s.name for s in specs][-2:] == ["rollouter", "trainer"]
     workers = [s for s in specs if s.module == "services.rollout_worker"]
-    assert [s.extra_args for s in workers] == [("--replica-id", r) for r in (*config.standalone_ids, *config.hybrid_ids)]
+    assert [s.extra_args for s in workers] == [("--replica-id", r) for r in (*config.standalone_ids,
+                                                                             *config.hybrid_ids)]
 
 
 def test_lost_samples_are_fed_minus_everything_accounted_for() -> None:
@@ -109,7 +111,8 @@ def test_a_crashed_service_fails_the_run_and_names_its_log(redis_server: RedisSe
     assert "boom exited with status 1" in message and str(out / "logs" / "boom.log") in message
     assert "No module named services.no_such_service" in message, "the log's last lines are in the error"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary[RunStateField.STATUS] == RunStatus.FAILED and "ServiceCrashed" in summary[RunStateField.REASON]
+    assert summary[RunStateField.STATUS] == RunStatus.FAILED
+    assert "ServiceCrashed" in summary[RunStateField.REASON]
     names = Names(load_config(SMALL_CONFIG).run.namespace)
     with redis.Redis.from_url(redis_server.url) as client:
         assert client.hget(names.run_state, RunStateField.STATUS) == RunStatus.FAILED.encode()

@@ -55,7 +55,8 @@ def test_rollout_utilization_counts_at_most_the_capacity_when_more_tasks_are_act
 
 
 def test_rollout_utilization_skips_zero_capacity_and_zero_length_intervals():
-    assert rollout_resource_utilization([(0.0, 0, 0), (5.0, 2, 4), (10.0, 2, 0)], now=20.0) == pytest.approx(0.5)
+    assert rollout_resource_utilization([(0.0, 0, 0), (5.0, 2, 4), (10.0, 2, 0)],
+                                        now=20.0) == pytest.approx(0.5)
     assert rollout_resource_utilization([(0.0, 1, 2), (0.0, 2, 2)], now=4.0) == 1.0
 
 

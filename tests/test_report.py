@@ -15,7 +15,8 @@ def event(t: float, kind: AuditKind, subject: str, **typed: Any) -> AuditEvent:
     return AuditEvent(t=t, kind=kind, subject=subject, detail="free text, never parsed", **typed)
 
 
-def replica(t: float, replica_id: str, state: ReplicaState, action: CommandAction | None = None) -> AuditEvent:
+def replica(t: float, replica_id: str, state: ReplicaState,
+            action: CommandAction | None = None) -> AuditEvent:
     return event(t, AuditKind.REPLICA_STATE, replica_id, state=state, action=action)
 
 
@@ -52,7 +53,8 @@ def test_a_sync_marks_only_the_replicas_it_names():
 
 
 def test_write_report_draws_both_charts(tmp_path):
-    (tmp_path / "audit.jsonl").write_text("\n".join(json.dumps({"id": "1-0", **dataclasses.asdict(e)}) for e in [
+    (tmp_path / "audit.jsonl").write_text("\n".join(json.dumps({"id": "1-0",
+                                                                **dataclasses.asdict(e)}) for e in [
         replica(0.0, "standalone_0", ReplicaState.SERVING),
         trainer(1.0, AuditPhase.TRAIN_START),
         trainer(2.0, AuditPhase.TRAIN_END),

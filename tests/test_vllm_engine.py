@@ -229,7 +229,8 @@ async def test_a_push_abandoned_after_start_is_closed_by_the_filesystem_fallback
     await second.resume()
     out = await second.generate(request_id="fallback", prompt_token_ids=PROMPT, max_tokens=8)
     assert second.version == 1
-    assert out.logprobs == pytest.approx(_torch_logprobs(load_pretrained(path), PROMPT, out.token_ids), abs=2e-3)
+    assert out.logprobs == pytest.approx(_torch_logprobs(load_pretrained(path), PROMPT, out.token_ids),
+                                         abs=2e-3)
     await second.abort_all()  # and pushes work again afterwards
     await second.transfer("start", {}, version=10)
     await second.transfer("finish", {}, version=10)

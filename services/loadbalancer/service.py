@@ -118,7 +118,8 @@ class LoadBalancer:
             self.routing_latencies_s.append(time.perf_counter() - started)
             routed.append((entry_id, dataclasses.replace(request, replica_id=replica_id)))
         if routed:
-            await self.bus.publish_many([(self.bus.names.worker_requests(r.replica_id), r) for _, r in routed])
+            await self.bus.publish_many([(self.bus.names.worker_requests(r.replica_id), r)
+                                         for _, r in routed])
             await sub.ack(*(entry_id for entry_id, _ in routed))
 
     async def _relay(self, sub: Subscription, stop: asyncio.Event) -> None:
@@ -211,6 +212,7 @@ class LoadBalancer:
 async def _unacked(bus: Bus, stream: str) -> int:
     """Requests in a worker's stream it has not acked, read or not (it still owes their results)."""
     try:
-        return await group_lag(bus.redis, stream, WORKER_GROUP) + await group_pending(bus.redis, stream, WORKER_GROUP)
+        queued = await group_lag(bus.redis, stream, WORKER_GROUP)
+        return queued + await group_pending(bus.redis, stream, WORKER_GROUP)
     except ResponseError:  # no such stream or group yet: nothing was read
         return await group_lag(bus.redis, stream, WORKER_GROUP)

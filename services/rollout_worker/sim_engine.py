@@ -64,7 +64,8 @@ class SimEngine:
         if self._loop_task:
             self._loop_task.cancel()
 
-    async def generate(self, *, request_id: str, prompt_token_ids: list[int], max_tokens: int) -> EngineOutput:
+    async def generate(self, *, request_id: str, prompt_token_ids: list[int],
+                       max_tokens: int) -> EngineOutput:
         if self.paused:
             return EngineOutput(token_ids=[], logprobs=[], finish_reason=FinishReason.ABORT)
         await asyncio.sleep(self.config.prefill_s_per_token * len(prompt_token_ids) * self.time_scale)
@@ -74,7 +75,8 @@ class SimEngine:
         generated_so_far = max(0, len(prompt_token_ids) - self.prompt_length)
         remaining = max(1, target - generated_so_far)
         rng = random.Random(zlib.crc32(f"{request_id}/{generated_so_far}".encode()) ^ self.seed)
-        running = _Running(remaining=min(remaining, max_tokens), hit_length_limit=remaining > max_tokens, rng=rng)
+        running = _Running(remaining=min(remaining, max_tokens), hit_length_limit=remaining > max_tokens,
+                           rng=rng)
         running.done = asyncio.get_running_loop().create_future()
         self._running[request_id + f"#{id(running)}"] = running
         self._changed.set()
@@ -111,7 +113,8 @@ class SimEngine:
         return max(lengths.min_tokens, int(rng.gauss(mean, lengths.std)))
 
     def _step_time_s(self) -> float:
-        return self.config.decode_s_per_step * (1.0 + self.config.batch_slowdown * len(self._running)) * self.time_scale
+        slowdown = 1.0 + self.config.batch_slowdown * len(self._running)
+        return self.config.decode_s_per_step * slowdown * self.time_scale
 
     async def _decode_loop(self) -> None:
         """1. wait for work; 2. advance every running request by the tokens that fit in the

@@ -122,7 +122,8 @@ class VllmEngine:
         cuda = _on_cuda()
         if self.config.weight_transfer == "ipc":  # IPC handles travel pickled (trusted Redis only)
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        transfer = WeightTransferConfig(backend=self.config.weight_transfer) if self.config.weight_transfer else None
+        backend = self.config.weight_transfer
+        transfer = WeightTransferConfig(backend=backend) if backend else None
         self.sleep_mode = "cuda" if cuda else "emulated"
         args = AsyncEngineArgs(
             model=self.config.model_path,

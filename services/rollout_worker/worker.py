@@ -129,7 +129,8 @@ class RolloutWorker:
         version = self.version
         started = time.monotonic()
         output = await self.engine.generate(
-            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, max_tokens=request.max_tokens
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            max_tokens=request.max_tokens
         )
         await self._send_result(request, token_ids=output.token_ids, logprobs=output.logprobs,
                                 finish_reason=output.finish_reason, version=version,
