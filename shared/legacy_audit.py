@@ -26,23 +26,30 @@ _PUSH = re.compile(r"^(?P<transport>\S+) \[(?P<ids>[^\]]*)\] (?P<result>.*) (?P<
 
 
 def typed(*, kind: str, subject: str, detail: str, version: int, t: float) -> AuditEvent:
-    """The typed event that `detail` describes (only the base fields when the text is not recognised)."""
-    fields: dict[str, Any] = {}
-    words = detail.split()
+    """The typed event that `detail` describes (only the base fields when the text is not recognised:
+    an audit record must never fail the operation it records)."""
     audit_kind = AuditKind(kind)
-    if audit_kind is AuditKind.PHASE and len(words) == 2 and words[0] in set(AuditPhase):
-        fields.update(phase=AuditPhase(words[0]), global_steps=int(words[1]))
-    elif audit_kind is AuditKind.PHASE and detail == "run done":
-        fields.update(phase=AuditPhase.RUN_DONE)
-    elif audit_kind is AuditKind.SWITCH:
-        fields.update(activated=detail == "activated")
-    elif audit_kind is AuditKind.COMMAND and len(words) >= 2:
-        fields.update(command=words[0], replica_ids=_QUOTED.findall(detail),
-                      duration_s=float(words[-1].removesuffix("s")))
-    elif audit_kind is AuditKind.PUSH and (match := _PUSH.match(detail)):
-        result = match["result"]
-        fields.update(transport=match["transport"], replica_ids=_QUOTED.findall(match["ids"]),
-                      ok=result == "ok",
-                      error=result.removeprefix("failed: ") if result != "ok" else "",
-                      duration_s=float(match["duration"]))
+    try:
+        fields = _fields(audit_kind, detail)
+    except ValueError:
+        fields = {}
     return AuditEvent(kind=audit_kind, subject=subject, detail=detail, version=version, t=t, **fields)
+
+
+def _fields(kind: AuditKind, detail: str) -> dict[str, Any]:
+    words = detail.split()
+    if kind is AuditKind.PHASE and len(words) == 2 and words[0] in set(AuditPhase):
+        return {"phase": AuditPhase(words[0]), "global_steps": int(words[1])}
+    if kind is AuditKind.PHASE and detail == "run done":
+        return {"phase": AuditPhase.RUN_DONE}
+    if kind is AuditKind.SWITCH:
+        return {"activated": detail == "activated"}
+    if kind is AuditKind.COMMAND and len(words) >= 2:
+        return {"command": words[0], "replica_ids": _QUOTED.findall(detail),
+                "duration_s": float(words[-1].removesuffix("s"))}
+    if kind is AuditKind.PUSH and (match := _PUSH.match(detail)):
+        result = match["result"]
+        return {"transport": match["transport"], "replica_ids": _QUOTED.findall(match["ids"]),
+                "ok": result == "ok", "error": result.removeprefix("failed: ") if result != "ok" else "",
+                "duration_s": float(match["duration"])}
+    return {}

@@ -33,16 +33,11 @@ DEFINING_MODULES = {"shared/vocab.py", "shared/schema.py", "shared/names.py"}
 CORE_BRANCH_FILES_NOT_CONVERTED_YET = {
     # TEMPORARY (issue 9): branch `core` converts these files; empty this set after merging it.
     "services/trainer/service.py",
-    "services/trainer/weight_push.py",
     "services/rollouter/service.py",
     "services/rollouter/progress.py",
     "services/controller/service.py",
     "services/controller/executor.py",
-    "core/controller.py",
-    "sim/run.py",
-    "sim/rollouter.py",
     "tests/test_controller_service.py",
-    "tests/test_controller_core.py",
 }
 
 
