@@ -132,3 +132,18 @@ class AuditPhase(StrEnum):
     TRAIN_END = "train_end"
     RUN_DONE = "run_done"
 
+
+class LaneState(StrEnum):
+    """What a GPU lane (a replica's GPUs, the trainer's) does at a time: the categories of the
+    resource-time charts, drawn from the simulator's timeline (sim/result.py) and from a run's audit
+    events (services/report.py). Not on the wire."""
+
+    ROLLOUT = "rollout"
+    """Generating."""
+    TRAIN = "train"
+    """The trainer computing (hybrid lanes too: their GPUs are the trainer's)."""
+    SYNC = "sync"
+    """Loading a new weight version."""
+    SWITCH = "switch"
+    """Sleeping, waking, or awake but not serving."""
+    IDLE = "idle"
