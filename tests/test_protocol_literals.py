@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("services", "shared", "core", "policies", "sim", "rl", "bench", "tools", "tests")
 DEFINING_MODULES = {"shared/vocab.py", "shared/schema.py", "shared/names.py"}
 
+
 def _values(*enums: type[StrEnum]) -> frozenset[str]:
     return frozenset(member.value for enum in enums for member in enum)
 
