@@ -25,14 +25,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from core.controller import SyncWeights  # noqa: E402
 from shared.schema import AuditEvent, AuditKind, AuditPhase, ReplicaState  # noqa: E402
+from shared.vocab import LaneState  # noqa: E402
 from sim.plots import COLORS  # noqa: E402  (one palette for simulated and recorded runs)
 
-_STATE_CATEGORY = {ReplicaState.SERVING: "rollout", ReplicaState.PAUSED: "switch",
-                   ReplicaState.SLEEPING: "idle"}
+_STATE_CATEGORY = {ReplicaState.SERVING: LaneState.ROLLOUT, ReplicaState.PAUSED: LaneState.SWITCH,
+                   ReplicaState.SLEEPING: LaneState.IDLE}
 TRAINER = "trainer"
 """The subject of the trainer's audit events, and the chart row of its compute."""
 
-Interval = tuple[float, float, str]
+Interval = tuple[float, float, LaneState]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -60,7 +61,7 @@ def timeline(events: list[AuditEvent]) -> dict[str, list[Interval]]:
             duration_s = event.duration_s or 0.0
             for replica_id in set(event.replica_ids) & set(rows):
                 # A sync can start before the first recorded event (a worker still booting).
-                rows[replica_id].append((max(0.0, event.t - duration_s), event.t, "sync"))
+                rows[replica_id].append((max(0.0, event.t - duration_s), event.t, LaneState.SYNC))
     for replica_id in rows:
         if replica_id.startswith("hybrid"):
             rows[replica_id] += train  # hybrids sleep while their GPUs train
@@ -70,7 +71,7 @@ def timeline(events: list[AuditEvent]) -> dict[str, list[Interval]]:
 
 def _replica_states(events: list[AuditEvent]) -> dict[str, list[Interval]]:
     rows: dict[str, list[Interval]] = {}
-    since: dict[str, tuple[float, str]] = {}
+    since: dict[str, tuple[float, LaneState]] = {}
     for event in events:
         if event.kind is not AuditKind.REPLICA_STATE or event.state is None:
             continue
@@ -91,7 +92,7 @@ def _train_intervals(events: list[AuditEvent]) -> list[Interval]:
         if event.phase is AuditPhase.TRAIN_START:
             started = event.t
         elif event.phase is AuditPhase.TRAIN_END and started is not None:
-            intervals.append((started, event.t, "train"))
+            intervals.append((started, event.t, LaneState.TRAIN))
             started = None
     return intervals
 
@@ -102,7 +103,8 @@ def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(order) + 1.5))
     for y, row in enumerate(reversed(order)):
         # Draw idle and rollout first so short sync/switch/train bars stay visible on top.
-        for category in ("idle", "rollout", "switch", "sync", "train"):
+        for category in (LaneState.IDLE, LaneState.ROLLOUT, LaneState.SWITCH, LaneState.SYNC,
+                         LaneState.TRAIN):
             bars = [(s, e - s) for s, e, c in rows.get(row, []) if c == category and e > s]
             ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=COLORS[category])
     ax.set_yticks(range(len(order)), list(reversed(order)))

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
 
-from shared import legacy_audit, schema
+from shared import schema
 from shared.names import MAX_DELIVERIES, Names
 from shared.streams import BLOCK_MS, StreamConsumer
 
 log = logging.getLogger(__name__)
-Report = schema.Report | dict[str, Any]
-"""What a command handler returns; a dict only from a service that does not report typed yet."""
 
 
 class Bus:
@@ -49,14 +46,8 @@ class Bus:
         """Append a lifecycle event to the audit stream."""
         await self.publish(self.names.audit, event)
 
-    async def audit(self, *, kind: str, subject: str, detail: str, version: int = -1) -> None:
-        """Deprecated: an event given as text. Kept until the trainer and the controller build typed
-        AuditEvents and call `record`; `shared.legacy_audit` types the texts they write today."""
-        await self.record(legacy_audit.typed(kind=kind, subject=subject, detail=detail, version=version,
-                                             t=time.time()))
-
     async def serve_commands(self, sub: Subscription, stop: asyncio.Event, *, sender: str,
-                             apply: Callable[[schema.Command], Awaitable[Report]]) -> None:
+                             apply: Callable[[schema.Command], Awaitable[schema.Report | None]]) -> None:
         """Apply each Command in order and acknowledge it: ok with `apply`'s typed report, or not ok
         with the ValueError's text (unknown action, illegal in this state)."""
         while not stop.is_set():

@@ -13,8 +13,11 @@ Data flow over the streams:
     samples not yet taken by the trainer)
     trainer --trainer_events--> controller --trainer_replies / trainer_commands--> trainer
     controller --worker_commands(id) / lb_commands / rollouter_commands--> peers
-    peers --controller_acks--> controller
+    trainer --worker_commands(id)--> rollout-worker (a weight sync: reload or push steps)
+    peers --controller_acks--> the command's sender (controller, or trainer)
     everyone --audit--> (tests, charts, redis-cli)
+
+(docs/contracts.md draws it, with what each stream carries.)
 """
 
 from __future__ import annotations

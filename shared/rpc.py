@@ -43,9 +43,8 @@ class CommandClient:
         if self._reader:
             self._reader.cancel()
 
-    async def call(self, stream: str, action: CommandAction | str, **fields: object) -> CommandAck:
-        """Send and await the ack; CommandFailed when rejected or never acked. (`action` may still be a
-        plain string from callers not converted yet; an unknown one is a ValueError here.)"""
+    async def call(self, stream: str, action: CommandAction, **fields: object) -> CommandAck:
+        """Send and await the ack; CommandFailed when rejected or never acked."""
         command = _command(action, fields)
         future: asyncio.Future[CommandAck] = asyncio.get_running_loop().create_future()
         self._waiting[command.command_id] = future
@@ -67,11 +66,11 @@ class CommandClient:
         finally:
             self._waiting.pop(command.command_id, None)
 
-    async def send(self, stream: str, action: CommandAction | str, **fields: object) -> None:
+    async def send(self, stream: str, action: CommandAction, **fields: object) -> None:
         """Publish without waiting for an ack (to a peer that is down: it replays it on restart)."""
         await self.bus.publish(stream, _command(action, fields))
 
-    async def call_many(self, streams: list[str], action: CommandAction | str,
+    async def call_many(self, streams: list[str], action: CommandAction,
                         **fields: object) -> list[CommandAck]:
         return list(await asyncio.gather(*(self.call(s, action, **fields) for s in streams)))
 
@@ -95,6 +94,6 @@ class CommandClient:
                         future.set_result(ack)
 
 
-def _command(action: CommandAction | str, fields: dict[str, object]) -> Command:
-    return Command(command_id=uuid.uuid4().hex, action=CommandAction(action),
+def _command(action: CommandAction, fields: dict[str, object]) -> Command:
+    return Command(command_id=uuid.uuid4().hex, action=action,
                    **fields)  # type: ignore[arg-type]

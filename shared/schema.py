@@ -12,7 +12,6 @@ dead-letters it, it never crashes the loop.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -22,11 +21,13 @@ from shared.codec import TYPE_FIELD as TYPE_FIELD
 from shared.codec import Codec
 from shared.codec import MalformedMessage as MalformedMessage
 from shared.vocab import FINISHED as FINISHED
+from shared.vocab import PUSH_ACTIONS as PUSH_ACTIONS
 from shared.vocab import WEIGHT_ACTIONS as WEIGHT_ACTIONS
 from shared.vocab import AuditKind as AuditKind
 from shared.vocab import AuditPhase as AuditPhase
 from shared.vocab import CommandAction as CommandAction
 from shared.vocab import FinishReason as FinishReason
+from shared.vocab import PushStep as PushStep
 from shared.vocab import ReplicaState as ReplicaState
 from shared.vocab import TrainerAction as TrainerAction
 from shared.vocab import TrainerPhase as TrainerPhase
@@ -171,7 +172,23 @@ class RolloutReport:
     """RESET_STALENESS: the closed version's rollouter metrics (names in core/metrics.py)."""
 
 
-Report = ReplicaReport | RoutingReport | RolloutReport
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightSyncReport:
+    """The trainer's answer to SYNC_WEIGHTS: how the replicas got the version.
+    `pushed`: a push over `transport` was tried (all replicas alive and on that transport);
+    `ok` False: it failed with `error`, and every replica reloaded the version from the filesystem."""
+
+    replica_ids: list[str]
+    version: int
+    transport: str = ""
+    pushed: bool = False
+    ok: bool = True
+    error: str = ""
+    push_s: float = 0.0
+
+
+Report = ReplicaReport | RoutingReport | RolloutReport | WeightSyncReport
+"""What a command handler returns: the sender's typed answer."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,22 +201,22 @@ class CommandAck:
     ok: bool
     error: str = ""
     replica: ReplicaReport | None = None
+    """From a rollout worker."""
     routing: RoutingReport | None = None
+    """From the load balancer."""
     rollout: RolloutReport | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-    """Deprecated, until the rollouter and the controller's executor read the typed reports: the
-    rollouter's untyped answer, and a copy of `routing` for the executor."""
+    """From the rollouter."""
+    weights: WeightSyncReport | None = None
+    """From the trainer, for SYNC_WEIGHTS (RELEASE_GPUS is acked with no report)."""
 
     @classmethod
-    def answer(cls, command: Command, *, sender: str, report: Report | dict[str, Any]) -> CommandAck:
-        """The ok ack of `command` carrying `report` in its typed field."""
-        if isinstance(report, dict):  # deprecated: a service that does not report typed yet
-            return cls(command_id=command.command_id, sender=sender, ok=True, data=report)
+    def answer(cls, command: Command, *, sender: str, report: Report | None) -> CommandAck:
+        """The ok ack of `command` carrying `report` (if any) in its typed field."""
         return cls(command_id=command.command_id, sender=sender, ok=True,
                    replica=report if isinstance(report, ReplicaReport) else None,
                    routing=report if isinstance(report, RoutingReport) else None,
                    rollout=report if isinstance(report, RolloutReport) else None,
-                   data=dataclasses.asdict(report) if isinstance(report, RoutingReport) else {})
+                   weights=report if isinstance(report, WeightSyncReport) else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,21 +252,6 @@ class TrainerReply:
     """SYNC_DONE: this sync activated the hybrids."""
     param_sync_s: float = 0.0
     """SYNC_DONE: seconds of the standalone sync plus the activation."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WeightSyncReport:
-    """The trainer's one result for a SYNC_WEIGHTS command (its CommandAck's data, as a plain dict).
-    `pushed`: a push over `transport` was tried (all replicas alive and on that transport);
-    `ok` False: it failed with `error`, and every replica reloaded the version from the filesystem."""
-
-    replica_ids: list[str]
-    version: int
-    transport: str = ""
-    pushed: bool = False
-    ok: bool = True
-    error: str = ""
-    push_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -72,6 +72,23 @@ WEIGHT_ACTIONS = frozenset({CommandAction.UPDATE_WEIGHTS, CommandAction.WEIGHTS_
 """The worker actions that load weights (the replica's lifecycle state is unchanged)."""
 
 
+class PushStep(StrEnum):
+    """One step of a trainer-driven weight push: vLLM's four weight-sync calls, in this order
+    (the engine's `transfer` step; on the wire, the worker command of PUSH_ACTIONS)."""
+
+    INIT = "init"
+    """Join the trainer's transfer group."""
+    START = "start"
+    UPDATE = "update"
+    """Receive one chunk of weights."""
+    FINISH = "finish"
+
+
+PUSH_ACTIONS = {PushStep.INIT: CommandAction.WEIGHTS_INIT, PushStep.START: CommandAction.WEIGHTS_START,
+                PushStep.UPDATE: CommandAction.WEIGHTS_UPDATE, PushStep.FINISH: CommandAction.WEIGHTS_FINISH}
+"""The worker command that carries each push step."""
+
+
 class ReplicaState(StrEnum):
     """A rollout replica's lifecycle state (the transitions: core/replica.py)."""
 
@@ -114,3 +131,19 @@ class AuditPhase(StrEnum):
     """The trainer starts computing a micro-step (it holds its GPUs)."""
     TRAIN_END = "train_end"
     RUN_DONE = "run_done"
+
+
+class LaneState(StrEnum):
+    """What a GPU lane (a replica's GPUs, the trainer's) does at a time: the categories of the
+    resource-time charts, drawn from the simulator's timeline (sim/result.py) and from a run's audit
+    events (services/report.py). Not on the wire."""
+
+    ROLLOUT = "rollout"
+    """Generating."""
+    TRAIN = "train"
+    """The trainer computing (hybrid lanes too: their GPUs are the trainer's)."""
+    SYNC = "sync"
+    """Loading a new weight version."""
+    SWITCH = "switch"
+    """Sleeping, waking, or awake but not serving."""
+    IDLE = "idle"

@@ -19,6 +19,7 @@ from shared.schema import (
     ReplicaState,
     RolloutReport,
     RoutingReport,
+    WeightSyncReport,
     decode,
     encode,
 )
@@ -54,12 +55,14 @@ def test_enum_fields_come_back_as_enum_members():
                   total_inflight=2,
                   waiting=1, changed=["hybrid_0"]),
     RolloutReport(max_concurrent_samples=32, metrics={"fully_async/rollouter/idle_ratio": 0.25}),
+    WeightSyncReport(replica_ids=["standalone_0"], version=3, transport="gloo", pushed=True, ok=False,
+                     error="ValueError: no", push_s=0.5),
 ], ids=lambda r: type(r).__name__)
 def test_an_ack_carries_its_typed_report_across_the_wire(report):
     ack = CommandAck.answer(Command(command_id="c", action=CommandAction.ADD), sender="x", report=report)
     back = decode(as_redis(encode(ack)))
     assert back == ack
-    assert report in (back.replica, back.routing, back.rollout)
+    assert report in (back.replica, back.routing, back.rollout, back.weights)
 
 
 def test_audit_fields_that_do_not_apply_stay_off_the_wire_and_come_back_none():

@@ -24,7 +24,7 @@ from rl.tokenizer import CharTokenizer  # noqa: E402
 from services.rollout_worker.vllm_engine import SamplingConfig, VllmEngine, VllmEngineConfig  # noqa: E402
 from shared import weight_transfer, weights  # noqa: E402
 from shared.runtime import free_port  # noqa: E402
-from shared.schema import FinishReason  # noqa: E402
+from shared.schema import FinishReason, PushStep  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm,
@@ -222,7 +222,7 @@ async def test_a_gloo_push_replaces_the_weights_of_two_replicas_at_once(engines)
 async def test_a_push_abandoned_after_start_is_closed_by_the_filesystem_fallback(engines, model_dirs) -> None:
     _, second = engines
     await second.abort_all()
-    await second.transfer("start", {}, version=9)  # the trainer died here: no update, no finish
+    await second.transfer(PushStep.START, {}, version=9)  # the trainer died here: no update, no finish
     version, path = weights.latest(model_dirs["weights_root"]) or (None, None)
     assert path is not None
     await second.load_weights(version=1, path=str(path))
@@ -232,6 +232,6 @@ async def test_a_push_abandoned_after_start_is_closed_by_the_filesystem_fallback
     assert out.logprobs == pytest.approx(_torch_logprobs(load_pretrained(path), PROMPT, out.token_ids),
                                          abs=2e-3)
     await second.abort_all()  # and pushes work again afterwards
-    await second.transfer("start", {}, version=10)
-    await second.transfer("finish", {}, version=10)
+    await second.transfer(PushStep.START, {}, version=10)
+    await second.transfer(PushStep.FINISH, {}, version=10)
     await second.resume()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.schema import FinishReason
+from shared.schema import FinishReason, PushStep
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +39,7 @@ class Engine(Protocol):
 
     async def load_weights(self, *, version: int, path: str | None) -> None: ...
 
-    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+    async def transfer(self, step: PushStep, info: dict[str, Any], *, version: int) -> None:
         """One step (init, start, update, finish) of a weight push the trainer drives."""
 
     async def close(self) -> None: ...

@@ -25,7 +25,7 @@ from typing import Any
 from services.rollout_worker.engine import EngineOutput
 from shared.config import SimEngineConfig
 from shared.runtime import sleep_unless
-from shared.schema import FinishReason
+from shared.schema import FinishReason, PushStep
 
 MAX_TOKENS_PER_TICK = 32
 """Upper bound on tokens advanced between two looks at the batch, so arrivals join promptly."""
@@ -103,7 +103,7 @@ class SimEngine:
         await asyncio.sleep(self.config.weight_sync_s * self.time_scale)
         self.version = version
 
-    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+    async def transfer(self, step: PushStep, info: dict[str, Any], *, version: int) -> None:
         raise ValueError("the sim engine has no push weight transport (config validation forbids it)")
 
     def _target_length(self, request_id: str) -> int:

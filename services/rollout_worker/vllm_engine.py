@@ -35,7 +35,7 @@ from typing import Any
 
 from services.rollout_worker.engine import EngineOutput
 from shared import weights
-from shared.schema import FinishReason
+from shared.schema import FinishReason, PushStep
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class VllmEngine:
         self.timings["load_weights_s"] = time.monotonic() - t0
         log.info("loaded weights v%d from %s in %.2fs", version, path, self.timings["load_weights_s"])
 
-    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+    async def transfer(self, step: PushStep, info: dict[str, Any], *, version: int) -> None:
         """One step of a trainer-driven push (shared/weight_transfer.py) through vLLM's API:
         'init' (join the trainer's group), 'start', 'update' (receive a chunk), 'finish'.
 
@@ -283,17 +283,17 @@ class VllmEngine:
 
         assert self._llm is not None, "transfer() before start()"
         t0 = time.monotonic()
-        if step == "init":
+        if step is PushStep.INIT:
             await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
-        elif step == "start":
+        elif step is PushStep.START:
             if self._push_open:
                 log.warning("closing a weight push that never finished")
                 await self._llm.finish_weight_update()
             await self._llm.start_weight_update()
             self._push_open = True
-        elif step == "update":
+        elif step is PushStep.UPDATE:
             await self._llm.update_weights(WeightTransferUpdateRequest(update_info=info))
-        elif step == "finish":
+        elif step is PushStep.FINISH:
             await self._llm.finish_weight_update()
             self._push_open = False
             await self._llm.reset_prefix_cache()

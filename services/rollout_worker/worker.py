@@ -30,6 +30,7 @@ from shared.bus import Bus, Subscription, text
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP, TrainerStateField
 from shared.runtime import sleep_unless
 from shared.schema import (
+    PUSH_ACTIONS,
     AuditEvent,
     AuditKind,
     Command,
@@ -41,8 +42,7 @@ from shared.schema import (
 )
 
 log = logging.getLogger(__name__)
-_PUSH_STEPS = {CommandAction.WEIGHTS_INIT: "init", CommandAction.WEIGHTS_START: "start",
-               CommandAction.WEIGHTS_UPDATE: "update", CommandAction.WEIGHTS_FINISH: "finish"}
+_PUSH_STEPS = {action: step for step, action in PUSH_ACTIONS.items()}
 """The trainer-driven push's actions, as the engine's `transfer` names its steps."""
 
 
