@@ -21,64 +21,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from core.timeline import Interval, timeline  # noqa: E402
 from sim.plots import COLORS  # noqa: E402  (one palette for simulated and recorded runs)
-
-_STATE_CATEGORY = {"serving": "rollout", "paused": "switch", "sleeping": "idle"}
-
-Interval = tuple[float, float, str]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def timeline(events: list[dict[str, Any]]) -> dict[str, list[Interval]]:
-    """Per row (replica ids, 'trainer'): (start, end, category) intervals, times relative to the first event."""
-    if not events:
-        return {}
-    t0 = events[0]["t"]
-    events = [{**e, "t": e["t"] - t0} for e in events]
-    rows = _replica_states(events)
-    train = _train_intervals(events)
-    for event in events:
-        if event["kind"] == "command" and event["detail"].startswith("sync_weights"):
-            duration_s = float(event["detail"].rsplit(" ", 1)[1].rstrip("s"))
-            for replica_id in rows:
-                if replica_id in event["detail"]:
-                    # A sync can start before the first recorded event (a worker still booting).
-                    rows[replica_id].append((max(0.0, event["t"] - duration_s), event["t"], "sync"))
-    for replica_id in rows:
-        if replica_id.startswith("hybrid"):
-            rows[replica_id] += train  # hybrids sleep while their GPUs train
-    rows["trainer"] = train
-    return rows
-
-
-def _replica_states(events: list[dict[str, Any]]) -> dict[str, list[Interval]]:
-    rows: dict[str, list[Interval]] = {}
-    since: dict[str, tuple[float, str]] = {}
-    for event in (e for e in events if e["kind"] == "replica_state"):
-        subject = event["subject"]
-        if subject in since:
-            rows[subject].append((since[subject][0], event["t"], since[subject][1]))
-        rows.setdefault(subject, [])
-        since[subject] = (event["t"], _STATE_CATEGORY.get(event["detail"].split()[0], "idle"))
-    for subject, (start, category) in since.items():
-        rows[subject].append((start, events[-1]["t"], category))
-    return rows
-
-
-def _train_intervals(events: list[dict[str, Any]]) -> list[Interval]:
-    intervals, started = [], None
-    for event in (e for e in events if e["kind"] == "phase" and e["subject"] == "trainer"):
-        if event["detail"].startswith("train_start"):
-            started = event["t"]
-        elif event["detail"].startswith("train_end") and started is not None:
-            intervals.append((started, event["t"], "train"))
-            started = None
-    return intervals
 
 
 def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
@@ -91,11 +41,13 @@ def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
             bars = [(s, e - s) for s, e, c in rows.get(row, []) if c == category and e > s]
             ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=COLORS[category])
     ax.set_yticks(range(len(order)), list(reversed(order)))
-    ax.set_xlabel("seconds since start")
+    ax.set_xlabel("seconds since the job started")
+    ax.set_xlim(left=0)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), ncol=5, loc="upper center", bbox_to_anchor=(0.5, 1.12))
+    # Outside the axes, to the right: over the plot it hides the top row's bars.
+    legend = ax.legend(handles, list(COLORS), loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_extra_artists=[legend], bbox_inches="tight")
     plt.close(fig)
 
 
@@ -111,10 +63,10 @@ def plot_reward_curve(metrics: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir: Path) -> list[Path]:
-    """Draw both charts into `out_dir`; returns the paths written."""
+def write_report(out_dir: Path, *, started_at: float | None = None) -> list[Path]:
+    """Draw both charts into `out_dir` (times since `started_at`, the job's start); the paths written."""
     written = []
-    rows = timeline([e for e in read_jsonl(out_dir / "audit.jsonl") if "t" in e])
+    rows = timeline([e for e in read_jsonl(out_dir / "audit.jsonl") if "t" in e], started_at=started_at)
     if rows:
         plot_resource_time(rows, out_dir / "resource_time.png")
         written.append(out_dir / "resource_time.png")
