@@ -122,11 +122,11 @@ def add_dashboard(app: FastAPI, controller: Controller) -> None:
                   for m in await recent_events(controller, controller.bus.names.audit, MAX_AUDIT_EVENTS)
                   if isinstance(m, schema.AuditEvent)]
         if not events:
-            return {"now": now, "window_s": window_s, "order": [], "rows": {}}
+            return {"now": now, "window_s": window_s, "age_s": 0.0, "order": [], "rows": {}}
         events.append({"t": now, "kind": "tick", "subject": "", "detail": ""})  # open intervals end now
         rows = timeline(events)
         offset_s = float(events[0]["t"]) - now
-        return {"now": now, "window_s": window_s, "order": row_order(rows),
+        return {"now": now, "window_s": window_s, "age_s": round(-offset_s, 3), "order": row_order(rows),
                 "rows": clip_rows(rows, offset_s=offset_s, window_s=window_s)}
 
     @app.get("/api/series")

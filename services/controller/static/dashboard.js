@@ -66,14 +66,25 @@ async function loadPolicy(policy) {
   policyLoaded = true;
 }
 
+// The charts show the last WINDOW_S seconds, or the whole run while it is younger (at least a minute).
+function shownWindow(ageS) {
+  return Math.min(WINDOW_S, Math.max(60, Math.ceil(ageS / 30) * 30));
+}
+
+function tickLabel(s) {
+  if (s === 0) return "now";
+  return s % 60 === 0 ? `-${s / 60} min` : `-${s} s`;
+}
+
 function axes(ctx, canvas, left, windowS) {
   ctx.clearRect(0, 0, canvas.width, canvas.height);
   ctx.fillStyle = "#666";
   ctx.font = "11px system-ui, sans-serif";
   const width = canvas.width - left - 20;
-  for (let s = 0; s <= windowS; s += 60) {
+  const stepS = windowS > 180 ? 60 : windowS > 60 ? 30 : 10;
+  for (let s = 0; s <= windowS; s += stepS) {
     const x = left + width * (1 - s / windowS);
-    ctx.fillText(s === 0 ? "now" : `-${s / 60} min`, x - 14, canvas.height - 4);
+    ctx.fillText(tickLabel(s), x - 14, canvas.height - 4);
     ctx.fillStyle = "#eee";
     ctx.fillRect(x, 0, 1, canvas.height - 16);
     ctx.fillStyle = "#666";
@@ -81,12 +92,13 @@ function axes(ctx, canvas, left, windowS) {
   return (t) => left + width * (1 + t / windowS);
 }
 
-function renderTimeline(data) {
+function renderTimeline(data, windowS) {
   const canvas = $("timeline");
   const order = data.order || [];
   canvas.height = Math.max(60, 26 * order.length + 24);
   const ctx = canvas.getContext("2d");
-  const x = axes(ctx, canvas, 110, data.window_s);
+  const x = axes(ctx, canvas, 110, windowS);
+  $("window-label").textContent = windowS >= 120 ? `${windowS / 60} minutes` : `${windowS} seconds`;
   order.forEach((row, i) => {
     const y = 4 + 26 * i;
     ctx.fillStyle = "#222";
@@ -109,10 +121,10 @@ function line(ctx, x, y, points, color) {
   ctx.stroke();
 }
 
-function renderSeries(data) {
+function renderSeries(data, windowS) {
   const mqCanvas = $("mq");
   const mqCtx = mqCanvas.getContext("2d");
-  const xm = axes(mqCtx, mqCanvas, 50, data.window_s);
+  const xm = axes(mqCtx, mqCanvas, 50, windowS);
   const cycleMq = data.cycles.filter((c) => "dynamic_resource/mq_size" in c)
     .map((c) => [c.t, c["dynamic_resource/mq_size"]]);
   const top = Math.max(1, ...data.mq.map((p) => p[1]), ...cycleMq.map((p) => p[1]));
@@ -122,11 +134,13 @@ function renderSeries(data) {
   line(mqCtx, xm, ym, data.mq, "#4c72b0");
   mqCtx.fillStyle = "#c44e52";
   for (const [t, v] of cycleMq) mqCtx.fillRect(xm(t) - 3, ym(v) - 3, 6, 6);
-  mqCtx.fillText("— sampled   ■ per cycle", mqCanvas.width - 170, 14);
+  mqCtx.fillText("■ per cycle", mqCanvas.width - 90, 14);
+  mqCtx.fillStyle = "#4c72b0";
+  mqCtx.fillText("— sampled", mqCanvas.width - 160, 14);
 
   const utilCanvas = $("util");
   const utilCtx = utilCanvas.getContext("2d");
-  const xu = axes(utilCtx, utilCanvas, 50, data.window_s);
+  const xu = axes(utilCtx, utilCanvas, 50, windowS);
   const yu = (v) => utilCanvas.height - 20 - (utilCanvas.height - 30) * v;
   utilCtx.fillText("1.0", 4, 14);
   utilCtx.fillText("0", 4, utilCanvas.height - 20);
@@ -142,8 +156,9 @@ async function refresh() {
     const [status, timeline, series] = await Promise.all([
       getJson("/status"), getJson(`/api/timeline?window_s=${WINDOW_S}`), getJson(`/api/series?window_s=${WINDOW_S}`)]);
     renderStatus(status);
-    renderTimeline(timeline);
-    renderSeries(series);
+    const windowS = shownWindow(timeline.age_s || 0);
+    renderTimeline(timeline, windowS);
+    renderSeries(series, windowS);
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
   } catch (error) {
@@ -152,7 +167,6 @@ async function refresh() {
 }
 
 function setup() {
-  $("window-label").textContent = String(WINDOW_S / 60);
   $("legend").replaceChildren(...Object.entries(COLORS).map(([key, color]) => {
     const item = document.createElement("span");
     item.innerHTML = `<i style="background:${color}"></i>${LABELS[key]}`;
