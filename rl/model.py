@@ -40,6 +40,7 @@ from rl.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, CharTokenizer, save_hf_toke
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+PROGRESS_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,7 +269,12 @@ def warm_up(model: TinyLlama, cfg: WarmupConfig) -> dict[str, float]:
     eval_set = make_problems(seed=cfg.seed + 1_000_003, count=cfg.num_eval_problems)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     acc, step, start = 0.0, 0, time.monotonic()
+    logged_s = start
     for step in range(1, cfg.max_steps + 1):
+        if time.monotonic() - logged_s >= PROGRESS_INTERVAL_S:  # a sign of life on a slow machine
+            logged_s = time.monotonic()
+            log.info("warm-up step %d (accuracy %.3f at the last evaluation, target %.2f), %.0f s",
+                     step, acc, cfg.target_accuracy, logged_s - start)
         batch = make_problems(seed=rng.randrange(2**31), count=cfg.batch_size)
         ids, targets, mask = pack_batch(
             [tok.encode(p.prompt) for p in batch], [tok.encode(p.answer) + [EOS_ID] for p in batch]
