@@ -25,7 +25,8 @@ def _can_run_docker() -> bool:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not _can_run_docker(), reason="needs root (to install and start docker) or a docker daemon")
+@pytest.mark.skipif(not _can_run_docker(),
+                    reason="needs root (to install and start docker) or a docker daemon")
 def test_the_compose_stack_runs_a_sim_job_to_the_end_with_no_sample_lost(tmp_path: Path) -> None:
     env = {**os.environ, "SMOKE_DIR": str(tmp_path / "smoke")}
     result = subprocess.run(["bash", str(ROOT / "tools" / "compose_smoke.sh")], cwd=ROOT, env=env,

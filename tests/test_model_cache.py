@@ -27,7 +27,8 @@ def test_a_second_build_of_the_same_model_is_the_cached_copy(tmp_path: Path,
         assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "second" / name).read_bytes()
 
 
-def test_another_warm_up_config_is_another_cache_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_warm_up_config_is_another_cache_entry(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DYNSCHED_CACHE_DIR", str(tmp_path / "cache"))
     assert cache_dir(TINY, SHORT) != cache_dir(TINY, WarmupConfig(max_steps=3, eval_every_steps=1))
     build(tmp_path / "uncached", model_cfg=TINY, warmup=SHORT, use_cache=False)

@@ -46,8 +46,8 @@ def prometheus(tmp_path: Path) -> Iterator[Any]:
         assert PROMETHEUS is not None
         with (tmp_path / "prometheus.log").open("wb") as log:
             procs.append(subprocess.Popen(
-                [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))
+                [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))
         return f"http://127.0.0.1:{port}"
 
     try:
@@ -80,7 +80,8 @@ def metric_names(expr: str) -> set[str]:
 
 
 def exported_names(metrics_text: str) -> set[str]:
-    return {line.split()[0].split("{")[0] for line in metrics_text.splitlines() if line and not line.startswith("#")}
+    lines = [line for line in metrics_text.splitlines() if line and not line.startswith("#")]
+    return {line.split()[0].split("{")[0] for line in lines}
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
@@ -94,8 +95,8 @@ def test_prometheus_scrapes_a_running_controller_and_answers_mq_size_and_the_uti
     with live_run(tmp_path, time_scale=0.06) as (job, address):
         base_url = prometheus(address)
         for name in SCRAPED:
-            result = wait_for(lambda name=name: query(base_url, name), timeout_s=120, what=f"{name} in Prometheus",
-                              job=job)
+            result = wait_for(lambda name=name: query(base_url, name), timeout_s=120,
+                              what=f"{name} in Prometheus", job=job)
             assert result[0]["metric"]["job"] == "dynsched-controller"
             assert float(result[0]["value"][1]) >= 0.0
         utilization = float(query(base_url, "dynamic_resource_resource_utilization")[0]["value"][1])

@@ -26,9 +26,11 @@ NAMESPACE=dynsched
 mkdir -p "$SMOKE_DIR"
 t_start=$SECONDS
 log() { echo "[compose-smoke $((SECONDS - t_start))s] $*"; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 
-# -- 1. docker ------------------------------------------------------------------------------------------------
+# -- 1. docker --------------------------------------------------------------------------------------
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
@@ -68,16 +70,16 @@ if ! docker info >/dev/null 2>&1; then
     docker info >/dev/null 2>&1 || { tail -20 "$SMOKE_DIR/dockerd.log"; exit 1; }
 fi
 
-# -- 2. images ------------------------------------------------------------------------------------------------
+# -- 2. images --------------------------------------------------------------------------------------
 if [[ $BASE_IMAGE == dynsched-base:* ]]; then
     tools/base_image.sh "$BASE_IMAGE"
 fi
 log "building dynsched:$IMAGE_TAG on $BASE_IMAGE"
 # Host network for the build: the containers' own networks have no route out (no iptables NAT here).
-docker build --network host --build-arg "BASE_IMAGE=$BASE_IMAGE" -f docker/Dockerfile -t "dynsched:$IMAGE_TAG" . \
-    >"$SMOKE_DIR/build.log" 2>&1 || { tail -30 "$SMOKE_DIR/build.log"; exit 1; }
+docker build --network host --build-arg "BASE_IMAGE=$BASE_IMAGE" -f docker/Dockerfile \
+    -t "dynsched:$IMAGE_TAG" . >"$SMOKE_DIR/build.log" 2>&1 || { tail -30 "$SMOKE_DIR/build.log"; exit 1; }
 
-# -- 3. compose up --------------------------------------------------------------------------------------------
+# -- 3. compose up ----------------------------------------------------------------------------------
 COMPOSE_FILE_CPU=$SMOKE_DIR/compose.cpu.yaml
 python3 tools/compose_cpu.py compose.yaml >"$COMPOSE_FILE_CPU"
 REDIS_PORT=$(free_port)
@@ -88,9 +90,10 @@ export DYNSCHED_CONFIG=$CONFIG DYNSCHED_IMAGE_TAG=$IMAGE_TAG DYNSCHED_DOCKERFILE
 compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE_CPU" --project-directory "$ROOT" "$@"; }
 compose down -v --remove-orphans >/dev/null 2>&1 || true
 log "compose up ($CONFIG; redis on 127.0.0.1:$REDIS_PORT, admin API on 127.0.0.1:$ADMIN_PORT)"
-compose up -d --no-build >"$SMOKE_DIR/compose_up.log" 2>&1 || { cat "$SMOKE_DIR/compose_up.log"; exit 1; }
+compose up -d --no-build >"$SMOKE_DIR/compose_up.log" 2>&1 \
+    || { cat "$SMOKE_DIR/compose_up.log"; exit 1; }
 
-# -- 4. wait, then look from the host ----------------------------------------------------------------------------
+# -- 4. wait, then look from the host ---------------------------------------------------------------
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 deadline=$((SECONDS + RUN_TIMEOUT_S))
 status=""
@@ -122,7 +125,7 @@ groups=$(rcli XINFO GROUPS "$NAMESPACE:mq" | tr '\n' ' ')
 [[ $groups == *trainer* ]] || { log "FAIL: the MessageQueue has no trainer group: $groups"; exit 1; }
 ((  $(rcli XLEN "$NAMESPACE:audit") > 0 )) || { log "FAIL: the audit stream is empty"; exit 1; }
 status_json=$(curl -sf "http://127.0.0.1:$ADMIN_PORT/status")
-[[ $status_json == *'"finished":true'* ]] || { log "FAIL: /status does not say finished: $status_json"; exit 1; }
+[[ $status_json == *'"finished":true'* ]] || { log "FAIL: /status does not say finished"; exit 1; }
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$ADMIN_PORT/activate")
 [[ $code == 409 ]] || { log "FAIL: POST /activate after the run answered $code, not 409"; exit 1; }
 curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | grep -q '^dynamic_resource_mq_size ' \

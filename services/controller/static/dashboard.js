@@ -41,7 +41,8 @@ async function send(method, path, body) {
 function renderStatus(status) {
   $("mode").textContent = status.mode;
   const policy = status.policy || {};
-  const ratio = policy.deactivate_ratio === undefined ? "" : ` (ratio ${Number(policy.deactivate_ratio).toFixed(2)})`;
+  const ratio = policy.deactivate_ratio === undefined ? ""
+    : ` (ratio ${Number(policy.deactivate_ratio).toFixed(2)})`;
   $("policy").textContent = `${policy.name || "?"}${ratio}`;
   $("versions").textContent = `v${status.trainer.version} / step ${status.trainer.global_steps}`;
   const versions = Object.entries(status.replicas || {}).map(([id, r]) => `${id.replace("standalone_", "s")
@@ -154,7 +155,8 @@ function renderSeries(data, windowS) {
 async function refresh() {
   try {
     const [status, timeline, series] = await Promise.all([
-      getJson("/status"), getJson(`/api/timeline?window_s=${WINDOW_S}`), getJson(`/api/series?window_s=${WINDOW_S}`)]);
+      getJson("/status"), getJson(`/api/timeline?window_s=${WINDOW_S}`),
+      getJson(`/api/series?window_s=${WINDOW_S}`)]);
     renderStatus(status);
     const windowS = shownWindow(timeline.age_s || 0);
     renderTimeline(timeline, windowS);
