@@ -1,7 +1,7 @@
 """compose, run for real: tools/compose_smoke.sh brings compose.yaml's whole stack up in containers
 (images built here from Debian packages and PyPI, no registry), runs a short sim job to the end and
 checks it from the host (redis-cli, the admin API). Measured: 9.2 minutes from scratch on a busy
-2-core machine, 3.6 cached (docs/deploy.md)."""
+2-core machine, 3.6-5.8 cached (docs/deploy.md)."""
 
 from __future__ import annotations
 
