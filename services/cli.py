@@ -51,7 +51,7 @@ def check_config(config_path: str) -> Config:
     try:
         config = load_config(config_path)
     except yaml.YAMLError as exc:
-        raise CliError(f"{config_path}: invalid YAML: {_yaml_problem(exc)}") from exc
+        raise CliError(f"config: {config_path}{_yaml_problem(exc)}") from exc
     except ValueError as exc:
         raise CliError(f"{config_path}: {exc}") from exc
     at = config.async_training
@@ -68,10 +68,11 @@ def check_config(config_path: str) -> Config:
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's problem and position on one line (its own text spans several)."""
+    """`:LINE:COLUMN: YAML syntax error: PROBLEM` on one line (PyYAML's own text spans several)."""
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else str(problem)
+    where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+    return f"{where}: YAML syntax error: {problem}"
 
 
 def check_redis(redis_url: str | None) -> None:

@@ -27,7 +27,7 @@ mkdir -p "$SMOKE_DIR"
 t_start=$SECONDS
 log() { echo "[compose-smoke $((SECONDS - t_start))s] $*"; }
 free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 # -- 1. docker --------------------------------------------------------------------------------------
@@ -37,7 +37,11 @@ command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 |
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v curl >/dev/null || need+=(curl)
-python3 -c 'import yaml' 2>/dev/null || need+=(python3-yaml)
+PYTHON=""  # any Python with PyYAML, for tools/compose_cpu.py: the project's venv, else Debian's python3-yaml
+for candidate in "$ROOT/.venv/bin/python" python3 /usr/bin/python3; do
+    if "$candidate" -c 'import yaml' 2>/dev/null; then PYTHON=$candidate; break; fi
+done
+[[ -n $PYTHON ]] || { need+=(python3-yaml); PYTHON=/usr/bin/python3; }
 if ((${#need[@]})); then
     log "installing ${need[*]} (apt)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
@@ -81,12 +85,14 @@ docker build --network host --build-arg "BASE_IMAGE=$BASE_IMAGE" -f docker/Docke
 
 # -- 3. compose up ----------------------------------------------------------------------------------
 COMPOSE_FILE_CPU=$SMOKE_DIR/compose.cpu.yaml
-python3 tools/compose_cpu.py compose.yaml >"$COMPOSE_FILE_CPU"
+"$PYTHON" tools/compose_cpu.py compose.yaml >"$COMPOSE_FILE_CPU"
 REDIS_PORT=$(free_port)
 ADMIN_PORT=$(free_port)
 export DYNSCHED_CONFIG=$CONFIG DYNSCHED_IMAGE_TAG=$IMAGE_TAG DYNSCHED_DOCKERFILE=docker/Dockerfile \
     DYNSCHED_REDIS_IMAGE=dynsched:$IMAGE_TAG DYNSCHED_REDIS_PORT=$REDIS_PORT DYNSCHED_ADMIN_PORT=$ADMIN_PORT \
     COMPOSE_PROFILES=control,trainer,rollout
+# vfs copies the whole image for every container: on a busy machine one create outlasts compose's 60 s.
+export COMPOSE_HTTP_TIMEOUT=600 DOCKER_CLIENT_TIMEOUT=600
 compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE_CPU" --project-directory "$ROOT" "$@"; }
 compose down -v --remove-orphans >/dev/null 2>&1 || true
 log "compose up ($CONFIG; redis on 127.0.0.1:$REDIS_PORT, admin API on 127.0.0.1:$ADMIN_PORT)"
