@@ -134,6 +134,7 @@ status_json=$(curl -sf "http://127.0.0.1:$ADMIN_PORT/status")
 [[ $status_json == *'"finished":true'* ]] || { log "FAIL: /status does not say finished"; exit 1; }
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$ADMIN_PORT/activate")
 [[ $code == 409 ]] || { log "FAIL: POST /activate after the run answered $code, not 409"; exit 1; }
-curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | grep -q '^dynamic_resource_mq_size ' \
+metrics=$(curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics")  # not piped into grep -q: pipefail + SIGPIPE
+grep -q '^dynamic_resource_mq_size ' <<<"$metrics" \
     || { log "FAIL: /metrics lacks dynamic_resource_mq_size"; exit 1; }
 log "PASS in $((SECONDS - t_start))s (details: $SMOKE_DIR/inspect.txt)"
