@@ -2,7 +2,7 @@
 PY ?= .venv/bin/python
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install test lint types budget pytest demo demo-sim bench clean
+.PHONY: install test lint types budget pytest system-deps compose-smoke demo demo-sim bench clean
 
 # The venv is (re)built when pyproject.toml changes; `make test` and `make demo` need nothing else.
 install: .venv/.installed
@@ -29,8 +29,16 @@ types: install
 budget:
 	@$(PY) tools/check_budget.py
 
-pytest: install
+# prometheus, chromium, chromium-driver from apt when missing (root): the scrape and browser tests need them.
+system-deps:
+	@bash tools/system_deps.sh
+
+pytest: install system-deps
 	$(PY) -m pytest -q
+
+# compose.yaml's whole stack in docker, one short sim job to the end (also a test: tests/test_compose_smoke.py).
+compose-smoke:
+	bash tools/compose_smoke.sh
 
 test: lint types budget pytest
 

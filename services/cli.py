@@ -28,7 +28,7 @@ import redis
 
 from policies.check import load_checked_config
 from services import launcher
-from shared.config import config_json_schema
+from shared.config import Config, config_json_schema
 from shared.names import DEFAULT_NAMESPACE, Names, RunStatus
 
 DEFAULT_REDIS_URL = os.environ.get("DYNSCHED_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -41,6 +41,33 @@ class CliError(Exception):
 
 
 # -- run / up ------------------------------------------------------------------------------------------
+
+
+def check_config(config_path: str) -> Config:
+    """Everything a user can get wrong in a config file, found before any service starts: the file,
+    its YAML, every key and value (shared/config.py), the policy module and name (policies/check.py).
+    CliError, one line naming the file and key."""
+    if not Path(config_path).is_file():
+        raise CliError(f"config file not found: {config_path}")
+    try:
+        return load_checked_config(config_path)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def check_redis(redis_url: str | None) -> None:
+    """A given --redis-url must answer before anything starts (None: the launcher starts its own)."""
+    if redis_url is None:
+        return
+    try:
+        with redis.Redis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0) as client:
+            client.ping()
+    except (redis.RedisError, ValueError) as exc:
+        raise CliError(f"cannot reach Redis at {redis_url}: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def default_out_dir(config_path: str, prefix: str = "") -> Path:
@@ -57,13 +84,13 @@ def run_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh
           f"{summary['param_versions']} weight versions, {summary['micro_steps']} micro-steps")
     print("samples: " + ", ".join(f"{key}={value}" for key, value in samples.items()))
     print(f"switches: {switches['activations']} activations, {switches['deactivations']} deactivations")
+    charts = "".join(f", {out_dir}/{name}" for name in summary.get("charts", ()))
     print(f"outputs: {out_dir}/summary.json, "
           f"{out_dir}/metrics.jsonl ({summary.get('num_cycles', 0)} cycles), "
-          f"{out_dir}/audit.jsonl, logs in {out_dir}/logs/")
+          f"{out_dir}/audit.jsonl{charts}, logs in {out_dir}/logs/")
     if samples[launcher.LOST] != 0:
         print(f"{PROG}: error: {samples[launcher.LOST]} sample(s) lost "
-              "(fed != generating+queued+trained+dropped)",
-              file=sys.stderr)
+              "(fed != generating+queued+trained+dropped)", file=sys.stderr)
         return 1
     return 0
 
@@ -93,8 +120,8 @@ def find_admin(*, redis_url: str, namespace: str) -> str:
     try:
         with redis.Redis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0) as client:
             address = launcher.admin_address(client, names)
-    except redis.RedisError as exc:
-        raise CliError(f"cannot read Redis at {redis_url}: {exc}") from exc
+    except (redis.RedisError, ValueError) as exc:
+        raise CliError(f"cannot read Redis at {redis_url}: {_one_line(exc)}") from exc
     if not address:
         raise CliError(f"no controller admin address at {names.controller_admin} on {redis_url}; "
                        f"is a run up there (namespace {namespace!r})? "
@@ -218,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, _raise_interrupt)
     try:
         if args.command in ("run", "up"):
-            if not Path(args.config).is_file():
-                raise CliError(f"config file not found: {args.config}")
-            load_checked_config(args.config)  # every config mistake is one line before any service starts
+            check_config(args.config)
+            check_redis(args.redis_url)
             out_dir = args.out or default_out_dir(args.config, "up-" if args.command == "up" else "")
             if args.command == "up":
                 return up_command(config_path=args.config, out_dir=out_dir, redis_url=args.redis_url,
@@ -240,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; services stopped", file=sys.stderr)
         return 130
+    except redis.RedisError as exc:  # Redis went away mid-run
+        print(f"{PROG}: error: Redis: {_one_line(exc)}", file=sys.stderr)
+        return 1
     except (CliError, launcher.ServiceCrashed, OSError, ValueError, RuntimeError, TimeoutError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

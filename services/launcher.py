@@ -32,6 +32,7 @@ from typing import Any
 import redis
 
 from core.flow import FlowLimits
+from services.progress import Progress
 from services.run_outputs import LOST as LOST
 from services.run_outputs import admin_address as admin_address
 from services.run_outputs import fetch_admin_status, read_hash, write_outputs
@@ -320,18 +321,15 @@ class Job:
 def run_job(config_path: str | Path, out_dir: str | Path, redis_url: str | None = None, *,
             fresh: bool = False, progress: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
     """Run the configured training to the end; the summary (also in `out_dir/summary.json`)."""
-    from tqdm import tqdm
-
     with Job(config_path=config_path, out_dir=out_dir, redis_url=redis_url, fresh=fresh) as job:
-        disable = None if progress else True  # None: tqdm turns itself off when not on a terminal
-        with tqdm(total=job.total_micro_steps, unit="step", desc=job.config.run.name, disable=disable) as bar:
+        with Progress(total=job.total_micro_steps, desc=job.config.run.name, enabled=progress) as bar:
             while job.poll() is not RunStatus.DONE:
                 if timeout_s is not None and job.elapsed_s > timeout_s:
                     raise TimeoutError(f"the run did not finish within {timeout_s:.0f}s; "
                                        f"logs in {job.log_dir}")
-                bar.update(min(job.completed_micro_steps(), job.total_micro_steps) - bar.n)
+                bar.update(job.completed_micro_steps())
                 time.sleep(POLL_INTERVAL_S)
-            bar.update(min(job.completed_micro_steps(), job.total_micro_steps) - bar.n)
+            bar.update(job.completed_micro_steps())
         wall_time_s = job.elapsed_s
         admin = fetch_admin_status(admin_address(job.redis, job.names))
         job.stop()

@@ -12,7 +12,6 @@ run's JSONL files. Nothing here talks to Redis or to a service.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -23,17 +22,10 @@ import msgspec
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from core.controller import SyncWeights  # noqa: E402
-from shared.schema import AuditEvent, AuditKind, AuditPhase, ReplicaState  # noqa: E402
+from core.timeline import TRAINER, Interval, timeline  # noqa: E402
+from shared.schema import AuditEvent  # noqa: E402
 from shared.vocab import LaneState  # noqa: E402
 from sim.plots import COLORS  # noqa: E402  (one palette for simulated and recorded runs)
-
-_STATE_CATEGORY = {ReplicaState.SERVING: LaneState.ROLLOUT, ReplicaState.PAUSED: LaneState.SWITCH,
-                   ReplicaState.SLEEPING: LaneState.IDLE}
-TRAINER = "trainer"
-"""The subject of the trainer's audit events, and the chart row of its compute."""
-
-Interval = tuple[float, float, LaneState]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -47,56 +39,6 @@ def read_audit(path: Path) -> list[AuditEvent]:
     return [msgspec.convert(row, AuditEvent) for row in read_jsonl(path)]
 
 
-def timeline(events: list[AuditEvent]) -> dict[str, list[Interval]]:
-    """Per row (replica ids, 'trainer'): (start, end, category) intervals, times relative to the
-    first event."""
-    if not events:
-        return {}
-    t0 = events[0].t
-    events = [dataclasses.replace(e, t=e.t - t0) for e in events]
-    rows = _replica_states(events)
-    train = _train_intervals(events)
-    for event in events:
-        if event.kind is AuditKind.COMMAND and event.command == SyncWeights.kind:
-            duration_s = event.duration_s or 0.0
-            for replica_id in set(event.replica_ids) & set(rows):
-                # A sync can start before the first recorded event (a worker still booting).
-                rows[replica_id].append((max(0.0, event.t - duration_s), event.t, LaneState.SYNC))
-    for replica_id in rows:
-        if replica_id.startswith("hybrid"):
-            rows[replica_id] += train  # hybrids sleep while their GPUs train
-    rows[TRAINER] = train
-    return rows
-
-
-def _replica_states(events: list[AuditEvent]) -> dict[str, list[Interval]]:
-    rows: dict[str, list[Interval]] = {}
-    since: dict[str, tuple[float, LaneState]] = {}
-    for event in events:
-        if event.kind is not AuditKind.REPLICA_STATE or event.state is None:
-            continue
-        subject = event.subject
-        if subject in since:
-            rows[subject].append((since[subject][0], event.t, since[subject][1]))
-        rows.setdefault(subject, [])
-        since[subject] = (event.t, _STATE_CATEGORY[event.state])
-    for subject, (start, category) in since.items():
-        rows[subject].append((start, events[-1].t, category))
-    return rows
-
-
-def _train_intervals(events: list[AuditEvent]) -> list[Interval]:
-    intervals: list[Interval] = []
-    started = None
-    for event in (e for e in events if e.kind is AuditKind.PHASE and e.subject == TRAINER):
-        if event.phase is AuditPhase.TRAIN_START:
-            started = event.t
-        elif event.phase is AuditPhase.TRAIN_END and started is not None:
-            intervals.append((started, event.t, LaneState.TRAIN))
-            started = None
-    return intervals
-
-
 def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
     order = sorted(r for r in rows if r.startswith("standalone")) + sorted(
         r for r in rows if r.startswith("hybrid")) + [TRAINER]
@@ -108,11 +50,13 @@ def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
             bars = [(s, e - s) for s, e, c in rows.get(row, []) if c == category and e > s]
             ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=COLORS[category])
     ax.set_yticks(range(len(order)), list(reversed(order)))
-    ax.set_xlabel("seconds since start")
+    ax.set_xlabel("seconds since the job started")
+    ax.set_xlim(left=0)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), ncol=5, loc="upper center", bbox_to_anchor=(0.5, 1.12))
+    # Outside the axes, to the right: over the plot it hides the top row's bars.
+    legend = ax.legend(handles, list(COLORS), loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_extra_artists=[legend], bbox_inches="tight")
     plt.close(fig)
 
 
@@ -128,10 +72,10 @@ def plot_reward_curve(metrics: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir: Path) -> list[Path]:
-    """Draw both charts into `out_dir`; returns the paths written."""
+def write_report(out_dir: Path, *, started_at: float | None = None) -> list[Path]:
+    """Draw both charts into `out_dir` (times since `started_at`, the job's start); the paths written."""
     written = []
-    rows = timeline(read_audit(out_dir / "audit.jsonl"))
+    rows = timeline(read_audit(out_dir / "audit.jsonl"), started_at=started_at)
     if rows:
         plot_resource_time(rows, out_dir / "resource_time.png")
         written.append(out_dir / "resource_time.png")

@@ -92,5 +92,6 @@ def write_outputs(client: redis.Redis, names: Names, out_dir: Path, summary: dic
              for entry_id, e in read_stream(client, names.audit) if isinstance(e, schema.AuditEvent))
     summary["num_cycles"] = write_jsonl(out_dir / "metrics.jsonl", metrics)
     summary["num_audit_events"] = write_jsonl(out_dir / "audit.jsonl", audit)
-    summary["charts"] = [p.name for p in write_report(out_dir)]
+    started_at = float(summary["started_at"]) if summary.get("started_at") else None
+    summary["charts"] = [p.name for p in write_report(out_dir, started_at=started_at)]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

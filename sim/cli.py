@@ -65,6 +65,13 @@ HEADER = (f"{'run':<28} {'wall h':>7} {'bound h':>7} {'x bound':>7} {'activ.':>6
           f"{'U_clu':>6} {'busy':>6} {'sim s':>6}")
 
 
+LEGEND = ("wall h: simulated training time; bound h: the ideal bound (every GPU busy all the time); "
+          "x bound: wall / bound;\nactiv.: hybrid activations; mean mq: MessageQueue size after each sync "
+          "cycle's last micro-step, averaged (mq_size.png);\n"
+          "U_clu: mean dynamic_resource/resource_utilization (seed 4.3); "
+          "busy: share of GPU-seconds generating or training; sim s: simulator run time")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     scenario = _load(args)
     if args.split:
@@ -97,6 +104,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(HEADER)
     for res in results:
         print(_row(res))
+    print(LEGEND)
     s = main.samples
     print(f"samples: fed {s['fed']} = generating {s['generating']} + queued {s['queued']} "
           f"+ trained {s['trained']} + dropped {s['dropped']}; retried attempts {s['retried_attempts']}; "

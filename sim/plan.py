@@ -54,10 +54,9 @@ def _run_one(job: tuple[Scenario, int, int, str, tuple[str, ...]]) -> PlanRow:
     for module in modules:  # worker processes need the user's registrations too
         load_policy_module(module)
     res = simulate(scenario.with_split(train, rollout, policy=policy))
-    mq = [q for _, q in res.mq_series]
     return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, wall_h=res.wall_s / 3600.0,
                    bound_ratio=res.bound_ratio, activations=res.activations,
-                   mean_mq_size=sum(mq) / len(mq) if mq else 0.0)
+                   mean_mq_size=res.mean_mq_size())
 
 
 def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (),
@@ -93,4 +92,9 @@ def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
         mark = "  <- recommended" if r == recommended else ""
         lines.append(f"{i:>4}  {r.train_gpus:>4}:{r.rollout_gpus:<4}  {r.policy:<20} {r.wall_h:>7.3f} "
                      f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f}{mark}")
-    return "\n".join(lines)
+    return "\n".join([*lines, PLAN_LEGEND])
+
+
+PLAN_LEGEND = ("wall h: simulated training time; x bound: wall time / the ideal bound (every GPU busy "
+               "all the time, 1.00 = unbeatable);\nactiv.: hybrid activations; mean mq: MessageQueue size "
+               "after each sync cycle's last micro-step, averaged over cycles (mq_size.png)")

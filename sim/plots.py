@@ -52,13 +52,14 @@ def resource_time(result: SimResult, path: Path, *, window_s: float | None = Non
     ax.set_yticks([row * g + g * 0.45 for row in range(len(lanes))])
     labels = [f"{lane} (GPU {g * i}-{g * i + g - 1})" for i, lane in enumerate(lanes)]
     ax.set_yticklabels(list(reversed(labels)))
-    ax.set_xlabel(f"seconds from t={start_s:.0f}s")
+    ax.set_xlabel(f"seconds since t={start_s:.0f}s of the simulated run")
     ax.set_xlim(0, window_s)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), loc="upper right", ncol=5, fontsize=8)
-    ax.set_title(f"{result.scenario}: {result.label} - GPU resource-time")
+    legend = ax.legend(handles, list(COLORS), loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(f"{result.scenario}: {result.label} - GPU resource-time, a {window_s:.0f} s window "
+                 f"(t={start_s:.0f}-{end_s:.0f} s of {result.wall_s:.0f} s)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_extra_artists=[legend], bbox_inches="tight")
     plt.close(fig)
 
 

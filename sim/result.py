@@ -98,8 +98,12 @@ class SimResult:
         total = sum(by_state.values())
         return (by_state[LaneState.ROLLOUT] + by_state[LaneState.TRAIN]) / total if total > 0 else 0.0
 
+    def mean_mq_size(self) -> float:
+        """Mean of `dynamic_resource/mq_size` over the sync cycles (queue size after each cycle's
+        last step)."""
+        return _mean(self.cycles, "dynamic_resource/mq_size")
+
     def summary(self) -> dict[str, Any]:
-        mq = [q for _, q in self.mq_series]
         utilization = _mean(self.cycles, "dynamic_resource/resource_utilization")
         return {
             "label": self.label,
@@ -114,7 +118,8 @@ class SimResult:
             "activations": self.activations,
             "deactivations": self.deactivations,
             "versions": self.versions,
-            "mean_mq_size": round(sum(mq) / len(mq), 2) if mq else 0.0,
+            # The per-cycle values mq_size.png draws (the seed's metric), so table and chart agree.
+            "mean_mq_size": round(self.mean_mq_size(), 2),
             "gpu_busy_fraction": round(self.busy_fraction(), 3),
             "mean_resource_utilization": round(utilization, 3),
             "samples": dict(self.samples),

@@ -182,3 +182,70 @@ def test_prometheus_scrapes_the_controllers_metrics() -> None:
 def test_simulate_runs_through_the_main_cli_and_prints_json(capsys):
     assert main(["simulate", "--scenario", "scenarios/small_production_bound.yaml", "--json"]) == 0
     assert '"ideal_bound_h"' in capsys.readouterr().out
+
+
+# -- user mistakes: one line each, naming the file, key or address (never a traceback) ----------------------
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err and lines[0].startswith("dynsched: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["run", "up"])
+def test_run_and_up_with_an_unreachable_redis_print_one_line_naming_the_address(
+        command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    assert main([command, "--config", "configs/sim_small.yaml", "--redis-url", url,
+                 "--out", str(tmp_path / "out")]) == 1
+    assert f"cannot reach Redis at {url}" in _one_error_line(capsys)
+    assert not (tmp_path / "out" / "logs").exists(), "no service may start without its Redis"
+
+
+@pytest.mark.parametrize("command", ["status", "activate", "deactivate", "policy"])
+def test_admin_commands_with_an_unreachable_redis_print_one_line_naming_the_address(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    assert main([command, "--redis-url", url]) == 1
+    assert f"cannot read Redis at {url}" in _one_error_line(capsys)
+
+
+def test_a_malformed_redis_url_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["run", "--config", "configs/sim_small.yaml", "--redis-url", "localhost:6379",
+                 "--out", str(tmp_path / "out")]) == 1
+    assert "cannot reach Redis at localhost:6379" in _one_error_line(capsys)
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "broken.yaml"
+    config.write_text("run:\n  name: x\ntrainer: {ppo_mini_batch_size: 4\ndata:\n  n: 2\n")
+    assert main(["run", "--config", str(config), "--out", str(tmp_path / "out")]) == 1
+    line = _one_error_line(capsys)
+    assert f"{config}:4:5: YAML syntax error" in line  # the file, line and column of the mistake
+
+
+def test_an_unknown_policy_is_one_line_naming_the_key_before_anything_starts(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "policy.yaml"
+    data = yaml.safe_load((ROOT / "configs" / "sim_small.yaml").read_text())
+    data["async_training"]["dynamic_schedule_policy"] = "no_such_policy"
+    config.write_text(yaml.safe_dump(data))
+    assert main(["up", "--config", str(config), "--out", str(tmp_path / "out")]) == 1
+    line = _one_error_line(capsys)
+    assert "dynamic_schedule_policy" in line and "no_such_policy" in line and str(config) in line
+    assert not (tmp_path / "out" / "logs").exists(), "nothing may start for an unknown policy"
+
+
+def test_an_unimportable_policy_module_is_one_line_naming_the_key(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "module.yaml"
+    data = yaml.safe_load((ROOT / "configs" / "sim_small.yaml").read_text())
+    data["async_training"]["dynamic_schedule_policy_module"] = "no_such_package.my_policy"
+    config.write_text(yaml.safe_dump(data))
+    assert main(["run", "--config", str(config), "--out", str(tmp_path / "out")]) == 1
+    line = _one_error_line(capsys)
+    assert "dynamic_schedule_policy_module" in line and "no_such_package" in line

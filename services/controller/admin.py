@@ -6,8 +6,9 @@ event loop as the controller, so handlers read and steer the live
 applied at the next safe point with the normal ordering.
 
 Endpoints: GET /healthz, GET /status, POST /activate, POST /deactivate,
-GET /policy, PUT /policy, GET /metrics (Prometheus text). Bad requests get a
-4xx with a message that says what was wrong.
+GET /policy, PUT /policy, GET /metrics (Prometheus text), and the live dashboard
+(GET /dashboard and its JSON, dashboard.py). Bad requests get a 4xx with a message
+that says what was wrong; a switch asked for after the run finished gets 409.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.controller import Mode
 from policies import build_policy, registered_policies
+from services.controller.dashboard import add_dashboard
 from services.controller.service import Controller
 from shared.bus import text
-from shared.names import TRAINER_GROUP, TrainerStateField
+from shared.names import TRAINER_GROUP, RunStateField, RunStatus, TrainerStateField
 from shared.streams import group_lag
 
 
@@ -73,6 +75,8 @@ def build_app(controller: Controller, exporter: PrometheusExporter) -> FastAPI:
         return await _force(activate=False)
 
     async def _force(*, activate: bool) -> dict[str, Any]:
+        if await run_status(controller) == RunStatus.DONE:
+            raise HTTPException(409, "the run has finished: there is no next safe point to switch at")
         if not controller.core.hybrid_ids:
             raise HTTPException(409, "no hybrid replicas are configured: enable "
                                      "async_training.use_dynamic_resource_scheduling to have hybrids")
@@ -104,7 +108,19 @@ def build_app(controller: Controller, exporter: PrometheusExporter) -> FastAPI:
                              await group_lag(bus.redis, bus.names.mq, TRAINER_GROUP))})
         return Response(exporter.render(), media_type=CONTENT_TYPE_LATEST)
 
+    add_dashboard(app, controller)
     return app
+
+
+def pending_force_name(pending: bool | None) -> str | None:
+    """The core keeps a forced switch as True (activate) / False (deactivate) / None; the API says it
+    in words, the same in /status as in the POST /activate and /deactivate replies."""
+    return None if pending is None else ("activate" if pending else "deactivate")
+
+
+async def run_status(controller: Controller) -> str:
+    """`run_state.status`: running, done or failed ('' before a launcher set it)."""
+    return text(await controller.bus.redis.hget(controller.bus.names.run_state, RunStateField.STATUS) or b"")
 
 
 async def status_view(controller: Controller) -> dict[str, Any]:
@@ -113,8 +129,12 @@ async def status_view(controller: Controller) -> dict[str, Any]:
     replicas = {text(k): text(v) for k, v in (await bus.redis.hgetall(names.replica_states)).items()}
     trainer = {text(k): text(v) for k, v in (await bus.redis.hgetall(names.trainer_state)).items()}
     accounting = {text(k): int(v) for k, v in (await bus.redis.hgetall(names.accounting)).items()}
+    status = await run_status(controller)
     return {
         **controller.core.describe(),
+        "pending_force": pending_force_name(controller.core.pending_force),
+        "run_status": status or RunStatus.RUNNING,
+        "finished": status == RunStatus.DONE,
         "replicas": {rid: {"state": v.split(":")[0], "version": int(v.split(":")[1])}
                      for rid, v in sorted(replicas.items())},
         "lb_members": [text(m) for m in await bus.redis.lrange(names.lb_members, 0, -1)],

@@ -1,0 +1,48 @@
+"""compose.yaml as a multi-host deployment: a profile per node role, Redis's address from the
+environment, and the CPU copy the smoke test runs (tools/compose_cpu.py) differing only in GPUs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def test_every_service_belongs_to_exactly_one_node_role() -> None:
+    roles = {name: service.get("profiles") for name, service in SERVICES.items()}
+    assert roles["redis"] == roles["controller"] == roles["loadbalancer"] == roles["rollouter"] == ["control"]
+    assert roles["trainer"] == ["trainer"]
+    for name in (n for n in SERVICES if n.startswith("rollout-worker-hybrid")):
+        assert roles[name] == ["trainer"], f"{name}: hybrids live on the trainer's GPUs"
+    for name in (n for n in SERVICES if n.startswith("rollout-worker-standalone")):
+        assert roles[name] == ["rollout"], name
+    assert roles["prometheus"] == roles["grafana"] == ["monitoring"]
+
+
+def test_services_on_other_nodes_take_redis_from_the_environment_and_never_wait_for_a_local_one() -> None:
+    for name in ("trainer", *(n for n in SERVICES if n.startswith("rollout-worker"))):
+        service = SERVICES[name]
+        assert "${DYNSCHED_REDIS_URL:-redis://redis:6379/0}" in service["command"], name
+        assert "redis" not in (service.get("depends_on") or {}), f"{name} must start without a local redis"
+
+
+def test_one_host_runs_every_role_by_default() -> None:
+    env = dict(line.split("=", 1) for line in (ROOT / ".env").read_text().splitlines()
+               if line and not line.startswith("#"))
+    assert set(env["COMPOSE_PROFILES"].split(",")) == {"control", "trainer", "rollout"}
+
+
+def test_the_cpu_copy_drops_only_the_gpu_reservations() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "compose_cpu.py"), str(ROOT / "compose.yaml")],
+                         capture_output=True, text=True, check=True).stdout
+    cpu = yaml.safe_load(out)
+    assert set(cpu["services"]) == set(SERVICES)
+    for name, service in cpu["services"].items():
+        assert "deploy" not in service
+        assert {k: v for k, v in SERVICES[name].items() if k != "deploy"} == service, name
