@@ -249,6 +249,8 @@ class Simulation:
                 while not r.mq:
                     yield r.mq_changed
                 batch.append(r.mq.popleft())
+            if self.scenario.trainer.collect_s:  # model hook: fetch + assemble the batch (sim.physics docs)
+                yield self.scenario.trainer.collect_s
             rec["gen"] = engine.now_s - t_alloc
             self.core.record_collection(wait_time_s=rec["gen"], wait_samples=wait_samples)
             compute_s = self._train_time_s(batch)
