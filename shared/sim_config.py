@@ -49,6 +49,8 @@ class PhysicsConfig(_Section):
     """Fitted: fraction of peak HBM bandwidth and BF16 FLOPs a decode step achieves."""
     decode_overhead_s: Annotated[float, Field(gt=0)] = 0.003
     """Prior: per decode step, independent of batch (kernel launch, TP all-reduce latency, scheduler)."""
+    decode_tokens_per_step: Annotated[float, Field(ge=1, le=8)] = 1.0
+    """Prior: mean tokens accepted per decode step (speculative decoding such as MTP; 1 without)."""
     prefill_mfu: Fraction = 0.5
     """Prior: MFU of prefill (compute-bound), which replaces rollout.sim.prefill_s_per_token."""
     gpu_memory_utilization: Fraction = 0.8
@@ -89,4 +91,6 @@ class PublishedRow(_Section):
     """Wall hours after N trainer steps, e.g. {100: 7.967}."""
     policy: str = "static"
     """'static' (plain fully-async) or a registered policy with hybrids."""
+    overrides: dict[str, float] = Field(default_factory=dict)
+    """Dotted config keys this run changed, e.g. {async_training.staleness_threshold: 0.1}."""
     source: str = ""

@@ -5,8 +5,8 @@ the result is stored in the scenario YAML (lines marked ``# fitted``) and printe
 report. ``dynsched validate`` then compares every row, fitted or not, with the model.
 
 Observables per row (``sim.observe``): step time, ``timing_s/gen``, update time, tokens per step,
-mq_size, each where the row gives it; residuals are relative errors, ``gen`` relative to a tenth of the
-step (a small wait must not dominate). Method: Levenberg-Marquardt on simulated observables, finite-
+mq_size, wall hours after N steps (when the simulation reaches N), each where the row gives it;
+residuals are relative errors, ``gen`` relative to a tenth of the step (a small wait must not dominate). Method: Levenberg-Marquardt on simulated observables, finite-
 difference Jacobian, each step clipped (damped) and projected into the parameter's bounds.
 
 Refusals, each naming the reason:
@@ -23,6 +23,7 @@ import argparse
 import math
 import re
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from shared.sim_config import PublishedRow
 from sim.observe import Observed, from_result, from_row
 from sim.physics import PhysicsError, TrainerRow, check, physics_report
 from sim.run import simulate
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario, WorkloadShape, load_scenario
 
 
 class CalibrationError(ValueError):
@@ -55,6 +56,8 @@ FREE_PARAMETERS = {
     "train_mfu": FreeParameter(key="simulator.physics.train_mfu", lo=0.01, hi=2.0, log=True),
     "train_non_scaling_s": FreeParameter(key="simulator.physics.train_non_scaling_s", lo=0.0, hi=3600.0,
                                          log=False, scale=20.0),
+    "response_median_end": FreeParameter(key="simulator.workload.response_tokens_median_end", lo=50.0,
+                                         hi=65536.0, log=True),
     "collect_s": FreeParameter(key="simulator.trainer.collect_s_per_micro_step", lo=0.0, hi=3600.0, log=False,
                                scale=10.0),
 }
@@ -84,12 +87,30 @@ def get_param(scenario: Scenario, name: str) -> float:
 def row_scenario(scenario: Scenario, row: PublishedRow | Observed, steps: int) -> Scenario:
     """The scenario at the row's split, plain fully-async, shortened to ``steps`` trainer steps."""
     required = scenario.async_training.ppo_mini_batch_size * scenario.async_training.require_batches
+    if isinstance(row, PublishedRow):
+        scenario = scenario.with_changes(_typed(scenario, row.overrides)) if row.overrides else scenario
+        required = scenario.async_training.ppo_mini_batch_size * scenario.async_training.require_batches
     policy = getattr(row, "policy", "static")
     return scenario.with_split(row.train_gpus, row.rollout_gpus, policy=policy).with_prompts(steps * required)
 
 
+def _typed(scenario: Scenario, overrides: dict[str, float]) -> dict[str, object]:
+    """YAML gives every override as a number; an integer field gets an int."""
+    out: dict[str, object] = {}
+    for key, value in overrides.items():
+        node: object = scenario.config
+        for part in key.split("."):
+            node = getattr(node, part)
+        out[key] = int(value) if isinstance(node, int) and not isinstance(node, bool) else float(value)
+    return out
+
+
 def simulate_row(scenario: Scenario, row: PublishedRow | Observed, steps: int) -> Observed:
     return from_result(simulate(row_scenario(scenario, row, steps)), label=row.label)
+
+
+def _simulate_job(job: tuple[Scenario, PublishedRow, int]) -> Observed:
+    return simulate_row(*job)
 
 
 def residuals(sim: Observed, pub: Observed) -> list[float]:
@@ -100,6 +121,9 @@ def residuals(sim: Observed, pub: Observed) -> list[float]:
             continue
         floor = 0.1 * (pub.step_s or want) if name in ("gen_s", "mq_size") else 0.0
         out.append((got - want) / max(want, floor, 1e-9))
+    for steps, hours in sorted(pub.hours.items()):
+        if steps in sim.hours:
+            out.append(sim.hours[steps] / hours - 1.0)
     return out
 
 
@@ -109,8 +133,9 @@ def consistency_notes(rows: list[Observed]) -> list[str]:
     for row in rows:
         if row.step_s and row.gen_s is not None and row.update_s and row.gen_s + row.update_s > row.step_s:
             excess = row.gen_s + row.update_s - row.step_s
-            notes.append(f"{row.label}: gen + update = {row.gen_s + row.update_s:.1f} s > step {row.step_s:.1f} s "
-                         f"by {excess:.1f} s: these columns are not from one window; the fit splits the difference")
+            notes.append(f"{row.label}: gen + update = {row.gen_s + row.update_s:.1f} s > step "
+                         f"{row.step_s:.1f} s by {excess:.1f} s: these columns are not from one window; "
+                         f"the fit splits the difference")
     return notes
 
 
@@ -126,14 +151,14 @@ class Fit:
     """One calibration: parameters in a transformed space, simulated residuals, LM iterations."""
 
     def __init__(self, scenario: Scenario, rows: list[PublishedRow], names: list[str], *, steps: int,
-                 log: bool = True) -> None:
+                 log: bool = True, workers: int = 1) -> None:
         unknown = [n for n in names if n not in FREE_PARAMETERS]
         if unknown:
             raise CalibrationError(f"cannot fit {unknown}: expected names in {list(FREE_PARAMETERS)}")
         self.fit_rows = [r for r in rows if r.fit]
         if not self.fit_rows:
             raise CalibrationError("no row has fit: true; nothing to calibrate on")
-        self.scenario, self.names, self.steps, self.log = scenario, names, steps, log
+        self.scenario, self.names, self.steps, self.log, self.workers = scenario, names, steps, log, workers
         self.published = [from_row(r) for r in self.fit_rows]
         self.last: list[Observed] = []
 
@@ -149,8 +174,16 @@ class Fit:
 
     def residual(self, x: np.ndarray) -> np.ndarray:
         scenario = self.at(x)
-        self.last = [simulate_row(scenario, row, self.steps) for row in self.fit_rows]
-        return np.array([r for sim, pub in zip(self.last, self.published, strict=True) for r in residuals(sim, pub)])
+        jobs = [(scenario, row, self.steps) for row in self.fit_rows]
+        if self.workers > 1:
+            with ProcessPoolExecutor(max_workers=min(self.workers, len(jobs))) as pool:
+                self.last = list(pool.map(_simulate_job, jobs))
+        else:
+            self.last = [_simulate_job(job) for job in jobs]
+        out = [r for sim, pub in zip(self.last, self.published, strict=True) for r in residuals(sim, pub)]
+        if not out:
+            raise CalibrationError(f"the fit rows give no observable a {self.steps}-step simulation reaches")
+        return np.array(out)
 
     def jacobian(self, x: np.ndarray, r: np.ndarray) -> np.ndarray:
         h = 0.1
@@ -168,12 +201,14 @@ class Fit:
         for j, name in enumerate(self.names):
             if float(np.max(np.abs(jac[:, j]))) < MIN_SENSITIVITY:
                 raise CalibrationError(f"the fit rows cannot identify {name}: no observable moves with it "
-                                       f"(rows {regimes}); fit it on a row in another regime or keep it a prior")
+                                       f"(rows {regimes}); fit it on a row in another regime or keep it a "
+                                       f"prior")
         norms = np.linalg.norm(jac, axis=0)
         sv = np.linalg.svd(jac / norms, compute_uv=False)
-        if len(sv) > 1 and sv[-1] / sv[0] < 1e-3:
-            raise CalibrationError(f"the fit rows cannot separate {', '.join(self.names)}: they move the "
-                                   f"observables the same way (singular values {np.round(sv, 4).tolist()})")
+        if len(sv) < len(self.names) or sv[-1] / sv[0] < 1e-3:
+            raise CalibrationError(f"the fit rows cannot separate {', '.join(self.names)}: {jac.shape[0]} "
+                                   f"observables move them the same way (singular values "
+                                   f"{np.round(sv, 4).tolist()})")
 
     def _max_queue(self) -> int:
         at = self.scenario.async_training
@@ -218,15 +253,15 @@ class Fit:
             print(text, file=sys.stderr)
 
 
-def calibrate(scenario: Scenario, *, names: list[str] | None = None, steps: int = 48,
-              log: bool = True) -> tuple[Scenario, dict[str, float], Fit]:
+def calibrate(scenario: Scenario, *, names: list[str] | None = None, steps: int = 48, log: bool = True,
+              workers: int = 1) -> tuple[Scenario, dict[str, float], Fit]:
     """Fit ``names`` (default: the scenario's ``simulator.physics.fit_parameters``) on its fit rows;
     refuse a result outside physical bounds. Returns the fitted scenario, the values and the fit."""
     phys = scenario.config.simulator.physics
     if phys is None:
         raise CalibrationError("the scenario has no simulator.physics section: nothing physical to fit")
     fit = Fit(scenario, list(scenario.config.simulator.published), names or list(phys.fit_parameters),
-              steps=steps, log=log)
+              steps=steps, log=log, workers=workers)
     values, _ = fit.run()
     fitted = scenario.with_changes({FREE_PARAMETERS[n].key: v for n, v in values.items()})
     assert fitted.config.simulator.physics is not None
@@ -234,12 +269,16 @@ def calibrate(scenario: Scenario, *, names: list[str] | None = None, steps: int 
     return fitted, values, fit
 
 
+def typical_context_tokens(wl: WorkloadShape) -> float:
+    """Prompt + half the run's mean median response: the context a running request holds on average."""
+    return wl.prompt_tokens_median + 0.25 * (wl.response_tokens_median_start + wl.response_tokens_median_end)
+
+
 def report_lines(scenario: Scenario, fit: Fit) -> list[str]:
     """The physics report of a fitted scenario, with the MFU of each fitted row's simulated update."""
     phys = scenario.config.simulator.physics
     assert phys is not None
-    wl = scenario.workload
-    context = wl.prompt_tokens_median + 0.5 * (wl.response_tokens_median_start + wl.response_tokens_median_end)
+    context = typical_context_tokens(scenario.workload)
     rows = tuple(TrainerRow(label=s.label, train_gpus=s.train_gpus, tokens_per_step=s.tokens_per_step or 0.0,
                             update_s=s.update_s or 1.0) for s in fit.last)
     lines = physics_report(phys, tp=scenario.cluster.gpus_per_replica,
@@ -267,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", "--scenario", dest="config", required=True, type=Path,
                         help="scenario YAML with simulator.physics and simulator.published rows")
     parser.add_argument("--fit", default="", help="comma-separated parameters (default: the scenario's list)")
-    parser.add_argument("--steps", type=int, default=48, help="trainer steps simulated per row and evaluation")
+    parser.add_argument("--steps", type=int, default=48, help="trainer steps simulated per row")
+    parser.add_argument("--workers", type=int, default=1, help="rows simulated in parallel")
     parser.add_argument("--write", action="store_true", help="store the fitted values in the config file")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.config)
@@ -275,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for note in consistency_notes([from_row(r) for r in scenario.config.simulator.published if r.fit]):
             print(f"note: {note}")
-        fitted, values, fit = calibrate(scenario, names=names, steps=args.steps)
+        fitted, values, fit = calibrate(scenario, names=names, steps=args.steps, workers=args.workers)
     except (CalibrationError, PhysicsError) as exc:
         print(f"calibration refused: {exc}", file=sys.stderr)
         return 1

@@ -62,7 +62,15 @@ def from_result(res: SimResult, *, label: str = "") -> Observed:
                     step_s=per_step("timing_s/step"), gen_s=per_step("timing_s/gen"),
                     update_s=per_step("dynamic_resource/train_compute_time_s"),
                     tokens_per_step=res.tokens["trained"] / steps, mq_size=sum(mq) / max(1, len(mq)),
-                    hours={res.micro_steps: res.wall_s / 3600.0})
+                    hours=_hours_by_step(res))
+
+
+def _hours_by_step(res: SimResult) -> dict[int, float]:
+    """Wall hours at every sync (trainer steps done -> hours) and at the end."""
+    per_cycle = res.micro_steps // max(1, len(res.cycles))
+    hours = {int(c["version"]) * per_cycle: c["time_s"] / 3600.0 for c in res.cycles}
+    hours[res.micro_steps] = res.wall_s / 3600.0
+    return hours
 
 
 def from_metrics_jsonl(path: str | Path, *, label: str, train_gpus: int, rollout_gpus: int,

@@ -14,6 +14,9 @@ per step, or compute-bound at large batch), the KV cache read every step (memory
 grows with context), and a batch-independent overhead. ``e`` (decode_efficiency) is fitted; the
 overhead is a prior. KV capacity per replica = (gpu_memory_utilization * HBM - weights) / kv_bytes.
 
+With speculative decoding (``decode_tokens_per_step`` a > 1) every per-step cost is shared by ``a``
+tokens; the compute per token is not (verifying drafts costs FLOPs). Times are per generated token.
+
 Training: a micro-step costs ``non_scaling_s + tokens * flops_per_token / (gpus * peak * mfu)``.
 """
 
@@ -95,14 +98,15 @@ def decode_timing(phys: PhysicsConfig, tp: int, *, efficiency: float | None = No
     kv_bytes = _kv_bytes_per_token_per_gpu(phys, tp)
     free_bytes = phys.gpu_memory_utilization * acc.hbm_gb * 1e9 - weight_bytes
     if free_bytes <= 0:
-        raise PhysicsError(f"simulator.physics.gpu_memory_utilization={phys.gpu_memory_utilization} is invalid: "
-                           f"the weights ({weight_bytes / 1e9:.1f} GB per GPU at TP{tp}) do not fit in it")
+        raise PhysicsError(f"simulator.physics.gpu_memory_utilization={phys.gpu_memory_utilization} is "
+                           f"invalid: the weights ({weight_bytes / 1e9:.1f} GB per GPU at TP{tp}) do not fit in it")
     capacity = free_bytes / kv_bytes if kv_bytes > 0 else float("inf")
     prefill_rate = tp * acc.bf16_tflops * 1e12 * phys.prefill_mfu / (2.0 * m.active_params_b * 1e9)
-    return DecodeTiming(overhead_s=phys.decode_overhead_s, weights_s=weight_bytes / bw,
+    a = phys.decode_tokens_per_step  # speculative decoding: one step's reads serve `a` tokens
+    return DecodeTiming(overhead_s=phys.decode_overhead_s / a, weights_s=weight_bytes / bw / a,
                         prefill_tokens_per_s=prefill_rate,
                         per_request_s=2.0 * m.active_params_b * 1e9 / tp / flops,
-                        per_context_token_s=kv_bytes / bw, kv_capacity_tokens=capacity)
+                        per_context_token_s=kv_bytes / bw / a, kv_capacity_tokens=capacity)
 
 
 def train_flops_per_token(phys: PhysicsConfig) -> float:
@@ -158,11 +162,14 @@ def physics_report(phys: PhysicsConfig, *, tp: int, max_running: int, mean_conte
     lines = [
         f"accelerator {acc.name}: {acc.bf16_tflops:g} TFLOPS BF16 dense, {acc.hbm_tb_s:g} TB/s, "
         f"{acc.hbm_gb:g} GB ({acc.source})",
-        f"decode: efficiency {phys.decode_efficiency:.3f} of peak, overhead {phys.decode_overhead_s * 1e3:.2f} ms/step; "
+        f"decode: efficiency {phys.decode_efficiency:.3f} of peak, overhead "
+        f"{phys.decode_overhead_s * 1e3:.2f} ms/step, "
+        f"{phys.decode_tokens_per_step:g} tokens/step; "
         f"prefill {dt.prefill_tokens_per_s:.0f} tokens/s per replica (MFU {phys.prefill_mfu:g})",
         f"  batch 1, {mean_context_tokens:.0f}-token context: step {step1 * 1e3:.2f} ms "
         f"({1.0 / step1:.0f} tokens/s); weight read at {frac1:.0%} of the HBM roofline",
-        f"  batch {max_running} (engine cap): step {full * 1e3:.2f} ms, {max_running / full / tp:.0f} tokens/s "
+        f"  batch {max_running} (engine cap): step {full * 1e3:.2f} ms, "
+        f"{max_running / full / tp:.0f} tokens/s "
         f"per GPU = {full_roof / full:.0%} of the roofline's {max_running / full_roof / tp:.0f}",
         f"  KV cache per replica (TP{tp}, gmu {phys.gpu_memory_utilization}): "
         f"{dt.kv_capacity_tokens / 1e6:.2f} M tokens = "
@@ -173,12 +180,13 @@ def physics_report(phys: PhysicsConfig, *, tp: int, max_running: int, mean_conte
                     if phys.reference_decode_bw_fraction else "")
         lines.append(f"  published (engine class): batch-1 step {phys.reference_decode_step_s * 1e3:.1f} ms"
                      f"{ref_frac}: {phys.reference_decode}")
-    lines.append(f"training: scaling-part MFU {phys.train_mfu:.3f} ({phys.train_flops_per_param_token:g} FLOPs per "
-                 f"active parameter per token), non-scaling {phys.train_non_scaling_s:.1f} s per micro-step")
+    lines.append(f"training: scaling-part MFU {phys.train_mfu:.3f} "
+                 f"({phys.train_flops_per_param_token:g} FLOPs per active parameter per token), non-scaling {phys.train_non_scaling_s:.1f} s per micro-step")
     for row in rows:
         flops = train_flops_per_token(phys) * row.tokens_per_step
         mfu = flops / (row.train_gpus * acc.bf16_tflops * 1e12 * row.update_s)
-        lines.append(f"  {row.label}: {row.tokens_per_step / 1e6:.2f} M tokens/step in {row.update_s:.1f} s on "
+        lines.append(f"  {row.label}: {row.tokens_per_step / 1e6:.2f} M tokens/step in "
+                     f"{row.update_s:.1f} s on "
                      f"{row.train_gpus} GPUs = {mfu:.1%} MFU over the whole update")
     lines.extend(f"REFUSED: {p}" for p in problems(phys))
     return lines

@@ -126,7 +126,8 @@ class ReplicaTiming:
         """The step time without the context term."""
         if self.weights_s == 0.0:
             return self.decode_step_s * (1.0 + running / self.batch_half_requests)
-        return self.decode_step_s + max(self.weights_s, self.decode_step_s * running / self.batch_half_requests)
+        batch_s = self.decode_step_s * running / self.batch_half_requests
+        return self.decode_step_s + max(self.weights_s, batch_s)
 
     def step_time_s(self, running: int, speed_factor: float = 1.0, context_tokens: float = 0.0) -> float:
         return (self.base_step_s(running) + self.context_token_s * context_tokens) / speed_factor
@@ -261,7 +262,8 @@ def _replica(config: Config) -> ReplicaTiming:
     if phys is None:
         return base
     d = decode_timing(phys, config.rollout.tensor_model_parallel_size)
-    return dataclasses.replace(base, decode_step_s=d.overhead_s, batch_half_requests=d.overhead_s / d.per_request_s,
+    return dataclasses.replace(base, decode_step_s=d.overhead_s,
+                               batch_half_requests=d.overhead_s / d.per_request_s,
                                prefill_tokens_per_s=d.prefill_tokens_per_s, weights_s=d.weights_s,
                                context_token_s=d.per_context_token_s, kv_capacity_tokens=d.kv_capacity_tokens)
 
@@ -272,7 +274,8 @@ def _trainer(config: Config, samples_per_micro_step: int) -> TrainerTiming:
     phys = config.simulator.physics
     if phys is not None:  # the scaling part from the MFU, all of the rest in the fitted non-scaling part
         return TrainerTiming(seconds_per_ktoken=trainer_s_per_ktoken(phys, config.simulator.trainer_unit_gpus),
-                             fixed_s_per_micro_step=phys.train_non_scaling_s + per_sample_s, scaling_efficiency=1.0,
+                             fixed_s_per_micro_step=phys.train_non_scaling_s + per_sample_s,
+                             scaling_efficiency=1.0,
                              collect_s=token_model.collect_s_per_micro_step)
     return TrainerTiming(seconds_per_ktoken=token_model.seconds_per_ktoken,
                          fixed_s_per_micro_step=token_model.fixed_s_per_micro_step + per_sample_s,

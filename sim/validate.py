@@ -17,6 +17,7 @@ from typing import Any
 
 from shared.config import ConfigError, load_config
 from shared.sim_config import PublishedRow
+from sim.calibrate import row_scenario, typical_context_tokens
 from sim.observe import OBSERVABLES, from_result
 from sim.physics import check, physics_report
 from sim.run import simulate
@@ -41,10 +42,8 @@ class Check:
 def _simulate_row(args: tuple[Scenario, PublishedRow, int]) -> list[Check]:
     scenario, row, max_steps = args
     steps = min(max(row.hours, default=DEFAULT_STEPS), max_steps)
-    required = scenario.async_training.ppo_mini_batch_size * scenario.async_training.require_batches
     trigger = scenario.async_training.trigger_parameter_sync_step
-    res = simulate(scenario.with_split(row.train_gpus, row.rollout_gpus, policy=row.policy)
-                   .with_prompts(steps * required))
+    res = simulate(row_scenario(scenario, row, steps))
     sim = from_result(res, label=row.label)
     checks = []
     for name in OBSERVABLES:
@@ -79,7 +78,8 @@ def format_checks(checks: list[Check]) -> list[str]:
     fitted = [abs(c.error) for c in checks if c.fitted]
     if fitted:
         lines.append(f"fitted rows: max |error| {max(fitted):.1%}")
-    lines.append(f"unfitted rows: max |error| {max(unfitted):.1%}" if unfitted else "unfitted rows: none listed")
+    lines.append(f"unfitted rows: max |error| {max(unfitted):.1%}" if unfitted
+                 else "unfitted rows: none listed")
     return lines
 
 
@@ -90,8 +90,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not config.simulator.published:
         raise ConfigError(f"config: {args.config}: simulator.published is empty: no rows to validate")
     if phys is not None:
-        wl = scenario.workload
-        context = wl.prompt_tokens_median + 0.5 * (wl.response_tokens_median_start + wl.response_tokens_median_end)
+        context = typical_context_tokens(scenario.workload)
         print("\n".join(physics_report(phys, tp=scenario.cluster.gpus_per_replica,
                                        max_running=scenario.replica.max_running_requests,
                                        mean_context_tokens=context)))

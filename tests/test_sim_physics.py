@@ -65,7 +65,8 @@ def test_a_full_kv_cache_preempts_the_newest_request_which_still_finishes_every_
 
 
 def test_the_max_length_share_sends_that_share_of_responses_to_the_max() -> None:
-    shape = WorkloadShape(kind="lognormal", prompt_tokens_median=100, prompt_tokens_sigma=0.0, prompt_tokens_max=100,
+    shape = WorkloadShape(kind="lognormal", prompt_tokens_median=100, prompt_tokens_sigma=0.0,
+                          prompt_tokens_max=100,
                           response_tokens_median_start=500, response_tokens_median_end=500,
                           response_tokens_sigma=0.3, response_tokens_max=20000, max_length_share=0.05)
     lengths = [x for row in Workload(shape, num_samples=4000, n=4, seed=0).response for x in row]
@@ -96,7 +97,8 @@ def test_weights_that_do_not_fit_the_memory_share_are_a_clear_error() -> None:
 
 def test_the_physics_report_compares_the_decode_step_with_the_cited_measurement() -> None:
     lines = physics_report(phys(reference_decode_step_s=0.0133, reference_decode_bw_fraction=0.77,
-                                reference_decode="vLLM 8B A100"), tp=4, max_running=256, mean_context_tokens=2000)
+                                reference_decode="vLLM 8B A100"),
+                           tp=4, max_running=256, mean_context_tokens=2000)
     text = "\n".join(lines)
     assert "batch 1" in text and "tokens/s per GPU" in text and "published (engine class)" in text
     assert "KV cache per replica" in text and "MFU" in text and "REFUSED" not in text
