@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.sim_config import PublishedRow
+from sim import surrogate
 from sim.observe import Observed, from_result, from_row
 from sim.physics import PhysicsError, TrainerRow, check, physics_report
 from sim.run import simulate
@@ -186,14 +187,28 @@ class Fit:
         return np.array(out)
 
     def jacobian(self, x: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """Finite differences: of the closed-form trainer side (sim.surrogate) when every parameter
+        lives there, else of full simulations."""
         h = 0.1
+        cheap = set(self.names) <= surrogate.SURROGATE_PARAMETERS
+        base = self._surrogate_residual(x) if cheap else r
         cols = []
         for j, name in enumerate(self.names):
             sign = -1.0 if x[j] + h > _forward(name, FREE_PARAMETERS[name].hi) else 1.0
             probe = x.copy()
             probe[j] += sign * h
-            cols.append((self.residual(probe) - r) / (sign * h))
+            moved = self._surrogate_residual(probe) if cheap else self.residual(probe)
+            cols.append((moved - base) / (sign * h))
         return np.array(cols).T
+
+    def _surrogate_residual(self, x: np.ndarray) -> np.ndarray:
+        scenario = self.at(x)
+        out: list[float] = []
+        for row, sim, pub in zip(self.fit_rows, self.last, self.published, strict=True):
+            model = surrogate.observe(row_scenario(scenario, row, self.steps), label=row.label,
+                                      mq_size=sim.mq_size)
+            out += residuals(model, pub)
+        return np.array(out)
 
     def identify(self, jac: np.ndarray) -> None:
         max_queue = self._max_queue()
@@ -218,32 +233,31 @@ class Fit:
     def run(self, *, max_iter: int = 6, tol: float = 1e-4) -> tuple[dict[str, float], float]:
         x = self.to_x([get_param(self.scenario, n) for n in self.names])
         r = self.residual(x)
+        at_x = self.last
         cost, lam = float(r @ r), 1e-2
         for it in range(max_iter):
             self._say(f"iter {it}: {dict(zip(self.names, np.round(self.to_values(x), 5), strict=True))} "
                       f"rms {math.sqrt(cost / len(r)):.4f}")
             jac = self.jacobian(x, r)
+            self.last = at_x  # the rows as simulated at x (regime lines, surrogate offsets)
             if it == 0:
-                self.residual(x)  # self.last back at x for the regime line
                 self.identify(jac)
             jtj, g = jac.T @ jac, jac.T @ r
             improved = False
-            while lam < 1e6:
+            while not improved and lam <= 1e2:  # at most 5 full evaluations per iteration
                 step = np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), -g)
                 step = np.clip(step, -0.7, 0.7)  # damping: at most x2 (log) or 0.7 scales per iteration
                 trial = self.to_x(self.to_values(x + step))
                 r_new = self.residual(trial)
-                if float(r_new @ r_new) < cost:
-                    improved, lam = True, lam / 3
-                    break
-                lam *= 10
+                improved = float(r_new @ r_new) < cost
+                lam = lam / 3 if improved else lam * 10
             if not improved:
                 break
             change = cost - float(r_new @ r_new)
-            x, r, cost = trial, r_new, float(r_new @ r_new)
+            x, r, cost, at_x = trial, r_new, float(r_new @ r_new), self.last
             if change < tol:
                 break
-        self.residual(x)
+        self.last = at_x
         values = dict(zip(self.names, self.to_values(x), strict=True))
         self._say(f"fitted: {values} rms {math.sqrt(cost / len(r)):.4f}")
         return values, math.sqrt(cost / len(r))
