@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
 
@@ -149,13 +149,11 @@ class ResetStaleness:
     version: int
 
 
-_COMMAND_CLASSES = (WaitForSamples, RemoveReplicas, AbortReplicas, SleepReplicas, WakeReplicas,
-                    SyncWeights, AddReplicas, ResumeReplicas, Rebalance, ResetStaleness)  # fmt: skip
 Command = (
     WaitForSamples | RemoveReplicas | AbortReplicas | SleepReplicas | WakeReplicas
     | SyncWeights | AddReplicas | ResumeReplicas | Rebalance | ResetStaleness
 )  # fmt: skip
-COMMAND_TYPES: dict[str, type[Any]] = {cls.kind: cls for cls in _COMMAND_CLASSES}
+COMMAND_TYPES: dict[str, type[Any]] = {cls.kind: cls for cls in get_args(Command)}
 
 
 def command_to_dict(command: Command) -> dict[str, Any]:
@@ -191,7 +189,8 @@ class ControllerCore:
         if not hybrid_ids and not standalone_ids:
             raise ValueError("need at least one hybrid or standalone replica")
         if ctx.only_hybrid != (not standalone_ids):
-            raise ValueError(f"ctx.only_hybrid={ctx.only_hybrid} but {len(standalone_ids)} standalone replicas")
+            raise ValueError(
+                f"ctx.only_hybrid={ctx.only_hybrid} but {len(standalone_ids)} standalone replicas")
         self.policy = policy
         self.ctx = ctx
         self.hybrid_ids = tuple(hybrid_ids)
@@ -211,7 +210,8 @@ class ControllerCore:
     def begin_micro_step(self, global_steps: int) -> list[Command]:
         """Start of a trainer micro-step; returns the deactivation commands, or [] if none."""
         self._require(not self.in_sync, "begin_micro_step during a sync")
-        self._require(self.mode in (Mode.STANDALONE_ONLY, Mode.HYBRID_ACTIVE), f"begin_micro_step in {self.mode}")
+        self._require(self.mode in (Mode.STANDALONE_ONLY, Mode.HYBRID_ACTIVE),
+                      f"begin_micro_step in {self.mode}")
         active = self.mode is Mode.HYBRID_ACTIVE
         wants = self.policy.should_deactivate(global_steps, active, self.ctx)
         forced = self.pending_force is False
@@ -330,7 +330,8 @@ class ControllerCore:
 
     def describe(self) -> dict[str, Any]:
         """Admin view of the controller and its policy."""
-        counts = {"num_hybrid_replicas": len(self.hybrid_ids), "num_standalone_replicas": len(self.standalone_ids)}
+        counts = {"num_hybrid_replicas": len(self.hybrid_ids),
+                  "num_standalone_replicas": len(self.standalone_ids)}
         return {**self._status(), **counts, "policy": self.policy.describe()}
 
     def _status(self) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Rollouter flow control: how many samples may be generating, and when to pause.
 
-Where it sits: the rollouter service (and the simulator) feeds prompts to the
-load balancer only while ``StalenessTracker.should_pause`` is False and fewer
-than ``FlowLimits.max_concurrent`` samples are in flight; at every weight sync
-the controller tells the rollouter to ``reset`` staleness. Pure: no I/O, and
+Where it sits: under ``core.sample_lifecycle``, which the rollouter service and
+the simulator drive: prompts are fed only while ``StalenessTracker.should_pause``
+is False and fewer than ``FlowLimits.max_concurrent`` samples are in flight; at
+every weight sync the controller tells the rollouter to ``reset`` staleness. Pure: no I/O, and
 time is always passed in as ``now_s`` (seconds on any monotonic clock).
 
 Formulas (verl fully-async, reference section 1.2; every count is in samples,
@@ -31,7 +31,8 @@ from shared.config import Config
 
 def total_rollout_steps(*, configured: int, dataset_size: int, total_epochs: int) -> int:
     """``min(configured, dataset_size * total_epochs)``: prompts the feed will emit."""
-    for name, value in (("configured", configured), ("dataset_size", dataset_size), ("total_epochs", total_epochs)):
+    named = (("configured", configured), ("dataset_size", dataset_size), ("total_epochs", total_epochs))
+    for name, value in named:
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
     return min(configured, dataset_size * total_epochs)
@@ -92,14 +93,16 @@ class FlowLimits:
         at = config.async_training
         return cls(ppo_mini_batch_size=config.trainer.ppo_mini_batch_size, require_batches=at.require_batches,
                    trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-                   staleness_threshold=at.staleness_threshold, total_rollout_steps=config.data.total_rollout_steps)
+                   staleness_threshold=at.staleness_threshold,
+                   total_rollout_steps=config.data.total_rollout_steps)
 
     def max_concurrent(self, active_replicas: int, concurrent_samples_per_replica: int) -> int:
         """Samples that may be generating at once; recompute on every replica change."""
         if active_replicas < 0:
             raise ValueError(f"active_replicas must be >= 0, got {active_replicas}")
         if concurrent_samples_per_replica < 1:
-            raise ValueError(f"concurrent_samples_per_replica must be >= 1, got {concurrent_samples_per_replica}")
+            raise ValueError(
+                f"concurrent_samples_per_replica must be >= 1, got {concurrent_samples_per_replica}")
         return min(active_replicas * concurrent_samples_per_replica, self.max_required)
 
 

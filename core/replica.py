@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from shared.schema import WEIGHT_ACTIONS, CommandAction
+
 
 class ReplicaState(StrEnum):
     SLEEPING = "sleeping"
@@ -31,27 +33,24 @@ class IllegalReplicaTransition(ValueError):
     """A command that is not legal in the replica's current state."""
 
 
-WEIGHT_ACTIONS = frozenset({"update_weights", "weights_init", "weights_start", "weights_update", "weights_finish"})
-"""Weight loading, legal in every state; the replica's state is unchanged."""
-
-_TRANSITIONS: dict[tuple[ReplicaState, str], ReplicaState] = {
-    (ReplicaState.SLEEPING, "wake"): ReplicaState.PAUSED,
-    (ReplicaState.SLEEPING, "sleep"): ReplicaState.SLEEPING,
-    (ReplicaState.SLEEPING, "abort"): ReplicaState.SLEEPING,
-    (ReplicaState.PAUSED, "resume"): ReplicaState.SERVING,
-    (ReplicaState.PAUSED, "abort"): ReplicaState.PAUSED,
-    (ReplicaState.PAUSED, "sleep"): ReplicaState.SLEEPING,
-    (ReplicaState.PAUSED, "wake"): ReplicaState.PAUSED,
-    (ReplicaState.SERVING, "abort"): ReplicaState.PAUSED,
-    (ReplicaState.SERVING, "sleep"): ReplicaState.SLEEPING,
-    (ReplicaState.SERVING, "resume"): ReplicaState.SERVING,
-    (ReplicaState.SERVING, "wake"): ReplicaState.SERVING,
+_TRANSITIONS: dict[tuple[ReplicaState, str], ReplicaState] = {  # weight loading (WEIGHT_ACTIONS): any state
+    (ReplicaState.SLEEPING, CommandAction.WAKE): ReplicaState.PAUSED,
+    (ReplicaState.SLEEPING, CommandAction.SLEEP): ReplicaState.SLEEPING,
+    (ReplicaState.SLEEPING, CommandAction.ABORT): ReplicaState.SLEEPING,
+    (ReplicaState.PAUSED, CommandAction.RESUME): ReplicaState.SERVING,
+    (ReplicaState.PAUSED, CommandAction.ABORT): ReplicaState.PAUSED,
+    (ReplicaState.PAUSED, CommandAction.SLEEP): ReplicaState.SLEEPING,
+    (ReplicaState.PAUSED, CommandAction.WAKE): ReplicaState.PAUSED,
+    (ReplicaState.SERVING, CommandAction.ABORT): ReplicaState.PAUSED,
+    (ReplicaState.SERVING, CommandAction.SLEEP): ReplicaState.SLEEPING,
+    (ReplicaState.SERVING, CommandAction.RESUME): ReplicaState.SERVING,
+    (ReplicaState.SERVING, CommandAction.WAKE): ReplicaState.SERVING,
 }
 
 
 def transition(state: ReplicaState, action: str) -> ReplicaState:
     """The state after `action`, or IllegalReplicaTransition."""
-    if action in WEIGHT_ACTIONS:
+    if action in WEIGHT_ACTIONS:  # legal in every state; the replica's state is unchanged
         return state
     next_state = _TRANSITIONS.get((state, action))
     if next_state is None:

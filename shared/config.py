@@ -199,11 +199,9 @@ class SimulatorConfig(_Section):
     """Smallest trainer parallel group (TP*PP*EP); the planner moves GPUs in multiples of it."""
     hybrid_speed_factor: Positive = 1.0
     """Hybrid decode speed relative to a standalone (e.g. a smaller KV cache)."""
-    rebalance_poll_s: Seconds = 0.2
-    """The rebalance drain polls in-flight count at this period (original constant)."""
     monitor_interval_s: Annotated[float, Field(gt=0)] | None = None
     """Rollouter monitor period in modelled seconds; unset: the rollouter service's 0.1 wall
-    seconds, i.e. 0.1 / run.time_scale (the original verl checks every 10 s)."""
+    seconds, i.e. 0.1 / run.time_scale, as the live system (the original verl checks every 10 s)."""
     workload: SimWorkloadConfig | None = None
     trainer: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
     physics: PhysicsConfig | None = None

@@ -11,7 +11,7 @@ Data flow over the streams:
     rollout-worker --lb_results--> loadbalancer --rollouter_results--> rollouter
     rollouter --mq--> trainer (consumer group TRAINER_GROUP; mq_size = its lag:
     samples not yet taken by the trainer)
-    trainer --trainer_events--> controller --trainer_replies--> trainer
+    trainer --trainer_events--> controller --trainer_replies / trainer_commands--> trainer
     controller --worker_commands(id) / lb_commands / rollouter_commands--> peers
     peers --controller_acks--> controller
     everyone --audit--> (tests, charts, redis-cli)
@@ -58,6 +58,45 @@ class AccountingField(StrEnum):
     QUEUED = "queued"
     TRAINED = "trained"
     DROPPED = "dropped"
+
+
+class RolloutStateField(StrEnum):
+    """Fields of the `rollouter_state` hash: the rollouter's counters and its status snapshot."""
+
+    EPOCH = "epoch"
+    FED = "fed"
+    TOTAL_GENERATED = "total_generated"
+    COMPLETED_STEPS = "completed_steps"
+    VERSION = "version"
+    NUM_REPLICAS = "num_replicas"
+    PAUSED = "paused"
+    ACTIVE_TASKS = "active_tasks"
+    FEED_DONE = "feed_done"
+    MAX_CONCURRENT_SAMPLES = "max_concurrent_samples"
+    STALENESS_SAMPLES = "staleness_samples"
+    MQ_SIZE = "mq_size"
+
+
+class TrainerStateField(StrEnum):
+    """Fields of the `trainer_state` hash: the trainer's progress, read back on restart."""
+
+    RUN_ID = "run_id"
+    GLOBAL_STEPS = "global_steps"
+    VERSION = "version"
+    STALE_TRAJECTORIES = "stale_trajectories"
+    INITIAL_SYNC_DONE = "initial_sync_done"
+    WEIGHTS_VERSION = "weights_version"
+    """The newest exported version, which a (re)starting rollout worker loads before serving."""
+    WEIGHTS_PATH = "weights_path"
+
+
+class RunStateField(StrEnum):
+    """Fields of the `run_state` hash."""
+
+    STATUS = "status"
+    STARTED_AT = "started_at"
+    REASON = "reason"
+    """Why a run failed."""
 
 
 class RunStatus(StrEnum):
@@ -123,8 +162,13 @@ class Names:
 
     @property
     def trainer_replies(self) -> str:
-        """Controller -> trainer replies (gpus released, release your GPU, sync done)."""
+        """Controller -> trainer replies to its handshake phases (gpus ready, sync done)."""
         return self._key("trainer", "replies")
+
+    @property
+    def trainer_commands(self) -> str:
+        """Controller -> trainer commands during a sync (release GPUs, sync weights), acked like any."""
+        return self._key("trainer", "commands")
 
     @property
     def controller_acks(self) -> str:

@@ -44,30 +44,21 @@ class TrainerPhase(StrEnum):
     """Trained; carries the micro-step's timings and stats."""
     WEIGHTS_READY = "weights_ready"
     """A new version is exported; waits for SYNC_DONE."""
-    GPUS_RELEASED_ACK = "gpus_released_ack"
-    """Offloaded after RELEASE_GPUS: hybrids may wake."""
-    WEIGHTS_PUSHED = "weights_pushed"
-    """Result of a PUSH_WEIGHTS."""
     DONE = "done"
     """Every step trained; the run is over."""
 
 
 class TrainerAction(StrEnum):
-    """Controller -> trainer (TrainerReply.action)."""
+    """Controller -> trainer: the answer to a handshake phase (TrainerReply.action)."""
 
     GPUS_READY = "gpus_ready"
-    """Train now: no hybrid holds the trainer's GPUs."""
-    RELEASE_GPUS = "release_gpus"
-    """Offload: hybrids need the memory."""
-    PUSH_WEIGHTS = "push_weights"
-    """Push a version to replicas over a push transport."""
+    """Answers MICRO_STEP_START: train now, no hybrid holds the trainer's GPUs."""
     SYNC_DONE = "sync_done"
-    """Every replica serves the new version; go on."""
-    STOP = "stop"
+    """Answers WEIGHTS_READY: every serving replica has the new version; go on."""
 
 
 class CommandAction(StrEnum):
-    """Controller (or trainer, for pushes) -> worker / load balancer / rollouter (Command.action)."""
+    """Controller (or trainer, for pushes) -> worker / load balancer / rollouter / trainer (Command.action)."""
 
     # rollout worker
     ABORT = "abort"
@@ -88,6 +79,11 @@ class CommandAction(StrEnum):
     # rollouter
     SET_ACTIVE_REPLICAS = "set_active_replicas"
     RESET_STALENESS = "reset_staleness"
+    # trainer (served while it waits for SYNC_DONE)
+    RELEASE_GPUS = "release_gpus"
+    """Offload: hybrids are about to wake on the trainer's GPUs."""
+    SYNC_WEIGHTS = "sync_weights"
+    """Bring replicas to a version (push, else or on failure the filesystem); acked with a WeightSyncReport."""
 
 
 WEIGHT_ACTIONS = frozenset({CommandAction.UPDATE_WEIGHTS, CommandAction.WEIGHTS_INIT, CommandAction.WEIGHTS_START,
@@ -207,7 +203,8 @@ class Command:
     action: str
     """Worker: abort, resume, sleep, wake, update_weights (filesystem), and the steps of a weight
     push the trainer drives: weights_init, weights_start, weights_update, weights_finish. LB: add,
-    remove, clear_sticky, inflight. Rollouter: set_active_replicas, reset_staleness, stop."""
+    remove, clear_sticky, inflight. Rollouter: set_active_replicas, reset_staleness. Trainer:
+    release_gpus, sync_weights."""
     replica_ids: list[str] = field(default_factory=list)
     version: int = -1
     weights_path: str = ""
@@ -230,28 +227,52 @@ class CommandAck:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainerEvent:
-    """Trainer -> controller step-phase event."""
+    """Trainer -> controller step-phase event (core.trainer_cycle sends them in order)."""
 
     type: ClassVar[str] = "trainer_event"
-    phase: str
-    """micro_step_start, micro_step_done, weights_ready, gpus_released_ack, weights_pushed, done."""
+    phase: TrainerPhase
     global_steps: int
     version: int
     weights_path: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
-    """Timings and stats of a finished micro-step."""
+    """WEIGHTS_READY: where the exported version lies ('' when the backend exports none)."""
+    wait_time_s: float = 0.0
+    """COLLECTED: seconds the micro-step waited for its samples."""
+    wait_samples: int = 0
+    """COLLECTED: samples missing when the collection started (max(0, required - mq_size))."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """MICRO_STEP_DONE: the micro-step's metrics, by the seed's metric names."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainerReply:
-    """Controller -> trainer."""
+    """Controller -> trainer: the answer to MICRO_STEP_START or WEIGHTS_READY."""
 
     type: ClassVar[str] = "trainer_reply"
-    action: str
-    """gpus_ready (train now), release_gpus (hybrids need the memory), push_weights (data:
-    transport, replica_ids), sync_done, stop."""
+    action: TrainerAction
     global_steps: int
-    data: dict[str, Any] = field(default_factory=dict)
+    wait_for_enough_samples_s: float = 0.0
+    """GPUS_READY: seconds the deactivation waited for samples."""
+    deactivate_s: float = 0.0
+    """GPUS_READY: seconds spent removing, aborting and sleeping the hybrids."""
+    activated: bool = False
+    """SYNC_DONE: this sync activated the hybrids."""
+    param_sync_s: float = 0.0
+    """SYNC_DONE: seconds of the standalone sync plus the activation."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightSyncReport:
+    """The trainer's one result for a SYNC_WEIGHTS command (its CommandAck's data, as a plain dict).
+    `pushed`: a push over `transport` was tried (all replicas alive and on that transport);
+    `ok` False: it failed with `error`, and every replica reloaded the version from the filesystem."""
+
+    replica_ids: list[str]
+    version: int
+    transport: str = ""
+    pushed: bool = False
+    ok: bool = True
+    error: str = ""
+    push_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

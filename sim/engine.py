@@ -1,9 +1,9 @@
 """Discrete-event engine: a virtual clock, a heap of timed callbacks, and processes.
 
 Where it sits: the bottom of the simulator. ``sim.model`` (replicas) schedules
-callbacks on it; ``sim.run`` writes the trainer's loop as a *process*, a
-generator that yields either a delay in seconds or a ``Signal`` to wait on, so
-the loop reads like the live trainer's, one step after another. Nothing ever
+callbacks on it; ``sim.run`` drives the trainer's cycle (``core.trainer_cycle``) as a
+*process*, a generator that yields either a delay in seconds or a ``Signal`` to wait
+on, so each operation takes its modelled time, one after another. Nothing ever
 sleeps: the clock jumps from event to event.
 
 Determinism: events at the same time run in the order they were scheduled

@@ -1,25 +1,21 @@
-"""The simulated rollouter: prompt feed, flow control, routing, partial-rollout retries, MessageQueue.
+"""The rollouter on the virtual clock: the services' sample lifecycle driven by simulated replicas.
 
-Where it sits: between the trainer process (``sim.run``), which pops samples
-from ``mq`` and tells it about replica changes and weight versions, and the
-``Replica`` timing models (``sim.model``). The decisions are the services'
-pure code, not copies: flow limits and staleness come from ``core.flow``,
-routing from ``core.routing``. What remains here is the event plumbing.
-
-Processor semantics (reference 1.1): before popping a sample, latch ``paused``
-if the pause condition holds; a popped sample counts toward staleness at once
-and then waits for a concurrency slot. Only the monitor (every
-``monitor_interval_s``) or a weight-sync reset un-pauses. When the queue is
-full, the oldest queued sample is evicted and counted as dropped.
+Where it sits: between the trainer (``sim.run``), which pops samples from ``mq``,
+and the ``Replica`` timing models (``sim.model``). Every decision is the services'
+pure code, not a copy: feed, pause latch, concurrency, monitor, enqueue and reset are
+``core.sample_lifecycle.SampleLifecycle``; routing is ``core.routing``. What remains
+here is the event plumbing: requests to replicas, the monitor's ticks every
+``costs.monitor_interval_s`` (the service's period in modelled seconds) while the feed is paused, retries after the client back-off.
+Like the services, the MessageQueue never drops: it is bounded by the feed's pause.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from core.flow import FlowLimits, StalenessTracker
-from core.metrics import UtilizationHistory
+from core.flow import FlowLimits
 from core.routing import LoadBalancerState, NoReplicaAvailable
+from core.sample_lifecycle import SampleLifecycle, sample_id_at, sample_index
 from sim.engine import Engine
 from sim.model import Replica, Request, Sample, Workload
 from sim.scenario import Scenario
@@ -34,98 +30,59 @@ class SimRollouter:
         self.cfg = scenario.async_training
         self.workload = workload
         self.limits = limits
-        self.tracker = StalenessTracker(limits=limits, now_s=0.0)
+        self.lifecycle = SampleLifecycle(limits=limits, now_s=0.0,
+                                         concurrent_samples_per_replica=self.cfg.concurrent_samples_per_replica)
         self.lb = LoadBalancerState()
         self.replicas: dict[str, Replica] = {}
         self.mq: deque[Sample] = deque()
-        self.mq_changed = engine.signal("mq_changed")
-        self.version = 0
+        self.changed = engine.signal("rollouter_changed")
+        """Fires when the queue grows or the feed's status changes (a wait for samples re-checks)."""
         self.started = False
-        self.max_concurrent = 0
-        self.active_samples = 0
-        self._held: Sample | None = None
-        self._next_index = 0
         self._monitor_armed = False
-        self.util = UtilizationHistory(t0=0.0)
-        """(time, active samples, capacity) since the last reset (section 4.2)."""
         self.mq_peak = 0
         """Largest queue size since the last reset."""
-        self.fed = 0
-        self.dropped = 0
         self.retries = 0
-        self.idle_since_s: float | None = None
-
-    # -- replica membership ----------------------------------------------------
 
     def add_replica(self, replica: Replica) -> None:
         self.replicas[replica.replica_id] = replica
 
-    def on_replicas_changed(self) -> None:
-        """Recompute max_concurrent after the LB membership changed (add/remove)."""
-        self.max_concurrent = self.limits.max_concurrent(len(self.lb.replica_ids), self.cfg.concurrent_samples_per_replica)
-        self._note_util()
+    def set_replicas(self, num_replicas: int) -> None:
+        """The controller's set_active_replicas: recompute max_concurrent, maybe feed more."""
+        self.lifecycle.set_replicas(num_replicas, self.engine.now_s)
         self.try_submit()
 
-    def _note_util(self) -> None:
-        self.util.record(self.engine.now_s, self.active_samples, self.max_concurrent)
-
-    # -- processor -------------------------------------------------------------
+    # -- feed --------------------------------------------------------------------
 
     def start(self) -> None:
         self.started = True
         self.try_submit()
 
     def try_submit(self) -> None:
-        """Run the processor until it blocks: paused, no slot, or feed exhausted."""
+        """Feed until the lifecycle says stop: paused, no free slot, or feed exhausted."""
         if not self.started:
             return
-        tracker = self.tracker
-        while True:
-            if self._held is None:
-                if tracker.check_pause(len(self.mq)):
-                    self._arm_monitor()
-                    self._maybe_idle()
-                    return
-                if self._next_index >= self.limits.total_rollout_steps:
-                    return
-                self._held = Sample(self._next_index, self.cfg.n, self.engine.now_s)
-                self._next_index += 1
-                self.fed += 1
-                tracker.on_submit()
-            if self.active_samples >= self.max_concurrent:
-                return
-            sample, self._held = self._held, None
-            self._spawn(sample)
-
-    def _maybe_idle(self) -> None:
-        if self.active_samples == 0 and self.idle_since_s is None:
-            self.idle_since_s = self.engine.now_s
-            self.tracker.on_idle_start(self.engine.now_s)
+        life = self.lifecycle
+        while (sample_id := life.next_sample(mq_size=len(self.mq), now_s=self.engine.now_s)) is not None:
+            self._spawn(Sample(sample_index(sample_id), self.cfg.n, self.engine.now_s))
+        if self.lifecycle.tracker.paused:
+            self._arm_monitor()
+            self.changed.fire()
 
     def _arm_monitor(self) -> None:
         if self._monitor_armed:
             return
         self._monitor_armed = True
-        period = self.scenario.costs.monitor_interval_s
-        next_tick = (int(self.engine.now_s / period) + 1) * period
-        self.engine.at(next_tick, self._monitor_tick)
+        self.engine.after(self.scenario.costs.monitor_interval_s, self._monitor_tick)
 
     def _monitor_tick(self) -> None:
         self._monitor_armed = False
-        if self.tracker.try_resume(len(self.mq)):
-            self._end_idle()
+        if self.lifecycle.monitor(mq_size=len(self.mq), now_s=self.engine.now_s):
             self.try_submit()
-        elif self.tracker.paused:
+        elif self.lifecycle.tracker.paused:
             self._arm_monitor()
-
-    def _end_idle(self) -> None:
-        if self.idle_since_s is not None:
-            self.tracker.on_idle_end(self.engine.now_s)
-            self.idle_since_s = None
+        self.changed.fire()
 
     def _spawn(self, sample: Sample) -> None:
-        self.active_samples += 1
-        self._note_util()
         k = sample.index
         prompt = self.workload.prompt[k]
         for j, target in enumerate(self.workload.response[k]):
@@ -135,12 +92,12 @@ class SimRollouter:
         try:
             replica_id = self.lb.acquire(req.request_id)
         except NoReplicaAvailable:
-            # only_hybrid with every hybrid asleep: the client retries every second.
+            # only_hybrid with every hybrid asleep: the client retries after its back-off.
             self.engine.after(self.scenario.replica.retry_delay_s, self._route, req)
             return
         self.replicas[replica_id].submit(req)
 
-    # -- completions, aborts ---------------------------------------------------
+    # -- completions, aborts -------------------------------------------------------
 
     def on_finish(self, replica: Replica, req: Request) -> None:
         self.lb.release(replica.replica_id)
@@ -150,20 +107,11 @@ class SimRollouter:
         if sample.pending:
             return
         sample.finished_s = self.engine.now_s
-        self.active_samples -= 1
-        if len(self.mq) >= self.limits.max_queue_size:
-            self.mq.popleft()
-            self.dropped += 1
-            self.tracker.on_dropped()
-        else:
-            self.tracker.on_generated()
         self.mq.append(sample)
+        self.lifecycle.on_enqueued(sample_id_at(sample.index), self.engine.now_s)
         self.mq_peak = max(self.mq_peak, len(self.mq))
-        self._note_util()
-        self.mq_changed.fire()
+        self.changed.fire()
         self.try_submit()
-        if self.tracker.paused:
-            self._maybe_idle()
 
     def abort(self, replica_ids: tuple[str, ...]) -> int:
         """Abort the replicas' in-flight attempts; each retries after the client back-off."""
@@ -178,28 +126,26 @@ class SimRollouter:
         self.retries += num_aborted
         return num_aborted
 
-    # -- weight versions -------------------------------------------------------
+    # -- weight versions -------------------------------------------------------------
 
     def reset(self, version: int) -> dict[str, float]:
         """``reset_staleness`` at a sync; returns the rollouter's per-version metrics."""
-        now = self.engine.now_s
-        self.version = version
-        self._end_idle()
-        rollout_util = self.util.close(now)
-        report = self.tracker.reset(num_active=self.active_samples, queue_size=len(self.mq), now_s=now)
-        mq_peak, self.mq_peak = self.mq_peak, len(self.mq)
+        report = self.lifecycle.reset(version=version, mq_size=len(self.mq), now_s=self.engine.now_s)
+        report["sim/mq_peak"] = float(self.mq_peak)
+        self.mq_peak = len(self.mq)
         self.try_submit()
-        return {
-            "sim/mq_peak": float(mq_peak),
-            "dynamic_resource/rollout_resource_utilization": rollout_util,
-            "fully_async/rollouter/step_generated_samples": float(report.step_generated_samples),
-            "fully_async/rollouter/idle_ratio": report.idle_ratio,
-            "fully_async/rollouter/version_time": report.version_time_s,
-        }
+        return report
 
-    # -- accounting ------------------------------------------------------------
+    def pop(self) -> Sample:
+        """The trainer takes the oldest queued sample."""
+        return self.mq.popleft()
+
+    # -- accounting ------------------------------------------------------------------
+
+    @property
+    def fed(self) -> int:
+        return self.lifecycle.fed
 
     def generating(self) -> int:
-        """Samples taken from the feed and not yet queued (in flight, or held for a slot)."""
-        return self.active_samples + (self._held is not None)
-
+        """Samples taken from the feed and not yet queued."""
+        return len(self.lifecycle.active)

@@ -1,28 +1,32 @@
-"""The fully-async loop on a virtual clock, driven by the real controller core and policies.
+"""The fully-async loop on a virtual clock, driven by the services' own orchestration objects.
 
 Where it sits: top of the simulator. ``simulate(scenario)`` builds replicas
-(``sim.model``), the rollouter (``sim.rollouter``, on ``core.flow`` and
-``core.routing``), the policy (``policies.build_policy``) and the
-``core.controller.ControllerCore``, then runs the trainer as one process whose
-body follows the reference's micro-step order (section 1.3):
+(``sim.model``), the rollouter (``sim.rollouter``, on ``core.sample_lifecycle``
+and ``core.routing``), the policy and the ``core.controller.ControllerCore``.
+Then it runs the trainer's cycle, ``core.trainer_cycle.TrainerCycle``, as one
+process, answering each handshake with ``core.executor.ExecutorCore``: the very
+objects the trainer and controller services drive over Redis. What is left here
+is performing their operations on the clock with the GPU timing models:
 
-1. ``core.begin_micro_step`` -> execute [WaitForSamples, Remove, Abort, Sleep] in order.
-2. Pop ``required`` samples from the MessageQueue (blocking); ``record_collection``.
-3. Train (timing model).
-4. Every ``trigger`` micro-steps: ``core.begin_sync`` -> execute [SyncWeights, Wake,
-   SyncWeights, Add, Resume, Rebalance, ResetStaleness]; ``finish_activate``; ``finish_sync``.
+- a trainer op (collect, train, ...) takes the time the trainer model says;
+- an executor op (sleep, sync, LB membership, reset, ...) acts on the replica models.
 
-The run ends when the trainer has produced ``total_train_steps`` versions.
+The run ends when the trainer's cycle sends DONE.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
+from typing import Any
 
-from core import controller as cc
+from core import executor as ex
+from core import trainer_cycle as tc
+from core.controller import ControllerCore
 from core.flow import FlowLimits
 from policies import DynamicScheduleContext, build_policy
+from shared.names import AccountingField as A
+from shared.schema import CommandAction, TrainerEvent, TrainerPhase, WeightSyncReport
 from sim.bound import ideal_lower_bound_s
 from sim.engine import Engine, Signal
 from sim.metrics import CycleMetrics
@@ -31,14 +35,15 @@ from sim.result import SimResult, Timeline
 from sim.rollouter import SimRollouter
 from sim.scenario import Scenario
 
-Proc = Generator["float | Signal", None, None]
+Proc = Generator["float | Signal", None, Any]
 
 
 def flow_limits(scenario: Scenario) -> FlowLimits:
     cfg = scenario.async_training
     return FlowLimits(ppo_mini_batch_size=cfg.ppo_mini_batch_size, require_batches=cfg.require_batches,
                       trigger_parameter_sync_step=cfg.trigger_parameter_sync_step,
-                      staleness_threshold=cfg.staleness_threshold, total_rollout_steps=cfg.total_rollout_steps)
+                      staleness_threshold=cfg.staleness_threshold,
+                      total_rollout_steps=cfg.total_rollout_steps)
 
 
 class Simulation:
@@ -52,7 +57,8 @@ class Simulation:
         self.limits = flow_limits(scenario)
         if self.limits.total_train_steps < 1:
             raise ValueError(f"total_rollout_steps={cfg.total_rollout_steps} gives no full sync cycle")
-        self.workload = Workload(scenario.workload, num_samples=cfg.total_rollout_steps, n=cfg.n, seed=scenario.seed)
+        self.workload = Workload(scenario.workload, num_samples=cfg.total_rollout_steps, n=cfg.n,
+                                 seed=scenario.seed)
         self.rollouter = SimRollouter(self.engine, scenario, self.workload, self.limits)
         self.dynamic = cfg.use_dynamic_resource_scheduling
         num_hybrid = cluster.num_hybrid if self.dynamic else 0
@@ -68,18 +74,21 @@ class Simulation:
                               on_finish=self.rollouter.on_finish, on_busy=self._on_busy)
             self.rollouter.add_replica(replica)
         self.rollouter.lb.add_replicas(self.standalone_ids)
-        self.rollouter.on_replicas_changed()
+        self.rollouter.set_replicas(len(self.standalone_ids))  # the controller's announcement at start
         self.syncing: set[str] = set()
         self.trainer_phase = "idle"
         ctx = DynamicScheduleContext(required_samples=self.limits.required_samples,
                                      trigger_parameter_sync_step=self.limits.trigger_parameter_sync_step,
                                      only_hybrid=not self.standalone_ids,
                                      staleness_threshold=cfg.staleness_threshold)
-        self.policy = build_policy(cfg.dynamic_schedule_policy, deactivate_ratio=cfg.dynamic_schedule_deactivate_ratio,
+        self.policy = build_policy(cfg.dynamic_schedule_policy,
+                                   deactivate_ratio=cfg.dynamic_schedule_deactivate_ratio,
                                    only_hybrid=not self.standalone_ids)
-        self.core = cc.ControllerCore(policy=self.policy, ctx=ctx, hybrid_ids=self.hybrid_ids,
-                                      standalone_ids=self.standalone_ids,
-                                      enable_rebalance=cfg.dynamic_schedule_enable_rebalance)
+        self.core = ControllerCore(policy=self.policy, ctx=ctx, hybrid_ids=self.hybrid_ids,
+                                   standalone_ids=self.standalone_ids,
+                                   enable_rebalance=cfg.dynamic_schedule_enable_rebalance)
+        self.executor = ex.ExecutorCore(core=self.core, clock=self._now)
+        self.cycle = tc.TrainerCycle(limits=self.limits, clock=self._now)
         self.metrics = CycleMetrics(train_gpus=cluster.train_gpus, rollout_gpus=cluster.rollout_gpus,
                                     dynamic=self.dynamic)
         self.result = SimResult(scenario=scenario.name, policy=cfg.dynamic_schedule_policy,
@@ -87,7 +96,9 @@ class Simulation:
                                 dynamic=self.dynamic, gpus_per_lane=cluster.gpus_per_replica)
         self.trained = 0
         self.trained_tokens = 0.0
-        self.version = 0
+
+    def _now(self) -> float:
+        return self.engine.now_s
 
     # -- lanes ------------------------------------------------------------------
 
@@ -112,56 +123,69 @@ class Simulation:
                     state = "rollout"
             self.timeline.set(lane, state, now)
 
-    # -- command execution -----------------------------------------------------
+    # -- the executor core's operations -------------------------------------------------
 
-    def _execute(self, command: cc.Command, record: dict[str, float]) -> Proc:
-        """Carry out one controller command on the virtual clock (a sub-process)."""
+    def _run_plan(self, plan: ex.Plan[Any]) -> Proc:
+        """Drive an ExecutorCore plan on the clock; returns the plan's value."""
+        result: Any = None
+        while True:
+            try:
+                op = plan.send(result)
+            except StopIteration as done:
+                return done.value
+            result = yield from self._perform(op)
+
+    def _perform(self, op: ex.Op) -> Proc:
         r = self.rollouter
-        if isinstance(command, cc.WaitForSamples):
-            t0 = self.engine.now_s
-            while len(r.mq) < command.min_queue_size:
-                yield r.mq_changed
-            record["wait_for_enough_samples"] += self.engine.now_s - t0
-        elif isinstance(command, cc.SleepReplicas):
+        if isinstance(op, ex.AwaitSamples):
+            while len(r.mq) < op.min_queue_size and not r.lifecycle.status().stalled:
+                yield r.changed
+        elif isinstance(op, ex.SetMembers):
+            (r.lb.add_replicas if op.add else r.lb.remove_replicas)(op.replica_ids)
+            return tuple(r.lb.replica_ids)
+        elif isinstance(op, ex.SetActiveReplicas):
+            r.set_replicas(op.num_replicas)
+        elif isinstance(op, ex.WorkerCall):
+            yield from self._worker_call(op)
+        elif isinstance(op, ex.SyncReplicas):
+            yield from self._sync_replicas(op)
+            return WeightSyncReport(replica_ids=list(op.replica_ids), version=op.version)
+        elif isinstance(op, ex.ClearSticky):
+            r.lb.clear_sticky()
+        elif isinstance(op, ex.ResetRollouter):
+            return r.reset(op.version)
+        elif isinstance(op, ex.ReadProgress):
+            tracker = r.lifecycle.tracker
+            return ex.RolloutProgress(total_generated=tracker.total_generated,
+                                      completed_steps=tracker.completed_steps)
+        # Checkpoint, Audit, ReleaseTrainer: nothing to model (no crash, no log, offload not modelled)
+        return None
+
+    def _worker_call(self, op: ex.WorkerCall) -> Proc:
+        r = self.rollouter
+        replicas = [r.replicas[rid] for rid in op.replica_ids]
+        if op.action is CommandAction.ABORT:
+            r.abort(op.replica_ids)
+        elif op.action is CommandAction.SLEEP:
             self._set_phase("switch")
             yield self.scenario.costs.hybrid_sleep_s
-            for rid in command.replica_ids:
-                r.replicas[rid].sleep()
+            for replica in replicas:
+                replica.sleep()
             self._set_phase("idle")
-        elif isinstance(command, cc.SyncWeights):
-            yield from self._sync_weights(command)
-        elif isinstance(command, cc.Rebalance):
-            yield from self._rebalance()
-        elif isinstance(command, cc.ResetStaleness):
-            record.update(r.reset(command.version))
-        else:
-            self._execute_instant(command)
-
-    def _execute_instant(self, command: cc.Command) -> None:
-        """Commands that take no virtual time: LB membership, abort, wake, resume."""
-        r = self.rollouter
-        if isinstance(command, cc.RemoveReplicas):
-            r.lb.remove_replicas(command.replica_ids)
-            r.on_replicas_changed()
-        elif isinstance(command, cc.AbortReplicas):
-            r.abort(command.replica_ids)
-        elif isinstance(command, cc.WakeReplicas):
-            for rid in command.replica_ids:
-                r.replicas[rid].wake()
-        elif isinstance(command, cc.AddReplicas):
-            r.lb.add_replicas(command.replica_ids)
-            r.on_replicas_changed()
-        elif isinstance(command, cc.ResumeReplicas):
-            for rid in command.replica_ids:
-                r.replicas[rid].resume()
+        elif op.action is CommandAction.WAKE:
+            for replica in replicas:
+                replica.wake()
+        elif op.action is CommandAction.RESUME:
+            for replica in replicas:
+                replica.resume()
             r.try_submit()
-        else:  # pragma: no cover - a new command kind needs a branch here
-            raise AssertionError(f"unhandled command {command!r}")
+        else:  # pragma: no cover - a new worker action needs a branch here
+            raise AssertionError(f"unhandled worker action {op.action}")
 
-    def _sync_weights(self, command: cc.SyncWeights) -> Proc:
+    def _sync_replicas(self, op: ex.SyncReplicas) -> Proc:
         r = self.rollouter
-        hybrid = command.replica_ids[0] in self.hybrid_ids
-        replicas = [r.replicas[rid] for rid in command.replica_ids]
+        hybrid = op.replica_ids[0] in self.hybrid_ids
+        replicas = [r.replicas[rid] for rid in op.replica_ids]
         awake = [rep for rep in replicas if rep.awake and (not rep.hybrid or rep.replica_id in r.lb.inflight)]
         r.abort(tuple(rep.replica_id for rep in awake))
         for rep in awake:
@@ -170,119 +194,110 @@ class Simulation:
             self._set_phase("switch")
             yield self.scenario.costs.hybrid_sync_s
         else:
-            self.syncing.update(command.replica_ids)
-            for rid in command.replica_ids:
+            self.syncing.update(op.replica_ids)
+            for rid in op.replica_ids:
                 self.timeline.set(self.standalone_lanes[rid], "sync", self.engine.now_s)
             self._set_phase("sync")
             yield self.scenario.costs.standalone_sync_s
-            self.syncing.difference_update(command.replica_ids)
+            self.syncing.difference_update(op.replica_ids)
         for rep in replicas:
-            rep.version = command.version
+            rep.version = op.version
         for rep in awake:
             rep.resume()
         self._set_phase("idle")
         for rep in replicas:
             self._on_busy(rep, bool(rep.num_inflight) and not rep.paused)
 
-    def _rebalance(self) -> Proc:
+    # -- the trainer cycle's operations ---------------------------------------------------
+
+    def _trainer(self) -> Proc:
+        plan = self.cycle.run()
+        result: Any = None
+        while True:
+            try:
+                op = plan.send(result)
+            except StopIteration:
+                return None
+            result = yield from self._perform_trainer(op)
+
+    def _perform_trainer(self, op: tc.TrainerOp) -> Proc:
         r = self.rollouter
-        r.lb.clear_sticky()
-        active = tuple(r.lb.replica_ids)
-        r.abort(active)
-        for rid in active:
-            r.replicas[rid].pause()
-        yield self.scenario.costs.rebalance_poll_s
-        for rid in active:
-            r.replicas[rid].resume()
+        if isinstance(op, tc.Handshake):
+            if op.event.phase is TrainerPhase.MICRO_STEP_START:
+                return (yield from self._run_plan(self.executor.on_micro_step_start(op.event)))
+            return (yield from self._run_plan(self.executor.on_weights_ready(op.event)))
+        if isinstance(op, tc.Send):
+            self._on_trainer_event(op.event)
+        elif isinstance(op, tc.QueueSize):
+            return len(r.mq)
+        elif isinstance(op, tc.Collect):
+            batch: list[Sample] = []
+            while len(batch) < op.count:
+                while not r.mq:
+                    yield r.changed
+                batch.append(r.pop())
+            if self.scenario.trainer.collect_s:  # model hook: fetch + assemble the batch (sim.physics)
+                yield self.scenario.trainer.collect_s
+            return batch
+        elif isinstance(op, tc.Train):
+            compute_s = self._train_time_s(op.batch)
+            self._set_phase("train")
+            yield compute_s
+            self._set_phase("idle")
+            return tc.TrainResult(timings={"timing_s/update_actor": compute_s})
+        elif isinstance(op, tc.MarkTrained):
+            self.trained += len(op.batch)
+        elif isinstance(op, tc.ExportWeights):
+            return ""
+        # AcquireGpu, SaveCheckpoint, SaveProgress: nothing to model
+        return None
 
-    # -- the trainer -------------------------------------------------------------
+    def _on_trainer_event(self, event: TrainerEvent) -> None:
+        if event.phase is TrainerPhase.COLLECTED:
+            self.executor.on_collected(event)
+        elif event.phase is TrainerPhase.MICRO_STEP_DONE:
+            self._close_micro_step(event)
+        elif event.phase is TrainerPhase.DONE:
+            self.engine.stop()
 
-    def _sync(self, global_steps: int, record: dict[str, float]) -> Proc:
-        commands = self.core.begin_sync(global_steps=global_steps, version=self.version,
-                                        total_generated_samples=self.rollouter.tracker.total_generated,
-                                        completed_steps=self.rollouter.tracker.completed_steps)
-        activating = self.core.mode is cc.Mode.ACTIVATING
-        t_act = None
-        for command in commands:
-            if isinstance(command, cc.WakeReplicas):
-                t_act = self.engine.now_s
-            if isinstance(command, cc.ResetStaleness) and t_act is not None:
-                self.core.finish_activate(self.engine.now_s - t_act)
-                t_act = None
-            yield from self._execute(command, record)
-        if activating and self.core.mode is cc.Mode.ACTIVATING:
-            self.core.finish_activate(self.engine.now_s - t_act if t_act is not None else 0.0)
-        record["activated"] = float(activating)
-        self.core.finish_sync(global_steps)
+    def _close_micro_step(self, event: TrainerEvent) -> None:
+        m = event.stats
+        record = {"wait_for_enough_samples": m["timing_s/wait_for_enough_samples"],
+                  "deactivate": m["timing_s/deactivate"], "gen": m["timing_s/gen"],
+                  "compute": m["dynamic_resource/train_compute_time_s"],
+                  "param_sync": m["timing_s/param_sync"],
+                  "alloc": m["dynamic_resource/train_allocated_time_s"], "step": m["timing_s/step"],
+                  "mq_size": m["dynamic_resource/mq_size"]}
+        now = self.engine.now_s
+        self.result.mq_series.append((now, len(self.rollouter.mq)))
+        synced = event.global_steps % self.limits.trigger_parameter_sync_step == 0
+        if synced:
+            report = self.executor.last_report
+            record.update(report.rollouter_report)
+            record["activated"] = float(report.activated)
+        self.metrics.add_micro_step(record)
+        if synced:
+            ratio = getattr(self.policy, "deactivate_ratio", float("nan"))
+            self.result.cycles.append(self.metrics.close_cycle(version=event.version, now_s=now,
+                                                               deactivate_ratio=float(ratio)))
 
-    def _train_time_s(self, batch: list[Sample]) -> float:
+    def _train_time_s(self, batch: Sequence[Sample]) -> float:
         tcfg = self.scenario.trainer
         tokens = sum(self.workload.sample_tokens(s.index) for s in batch)
         self.trained_tokens += tokens
         units = self.scenario.cluster.train_gpus // self.scenario.cluster.trainer_unit_gpus
         return tcfg.fixed_s_per_micro_step + tokens / 1000.0 * tcfg.seconds_per_ktoken / tcfg.speedup(units)
 
-    def _trainer(self) -> Proc:
-        r = self.rollouter
-        engine = self.engine
-        required = self.limits.required_samples
-        trigger = self.limits.trigger_parameter_sync_step
-        init_record = self.metrics.new_record()
-        yield from self._sync(0, init_record)
-        r.start()
-        for global_steps in range(1, self.limits.total_train_steps * trigger + 1):
-            rec = self.metrics.new_record()
-            t_step = engine.now_s
-            commands = self.core.begin_micro_step(global_steps)
-            t_deact = None
-            for command in commands:
-                if isinstance(command, cc.RemoveReplicas):
-                    t_deact = engine.now_s
-                yield from self._execute(command, rec)
-            if commands:
-                self.core.finish_deactivate(engine.now_s - t_deact if t_deact is not None else 0.0)
-                rec["deactivate"] = engine.now_s - t_deact if t_deact is not None else 0.0
-            t_alloc = engine.now_s
-            wait_samples = max(0, required - len(r.mq))
-            batch: list[Sample] = []
-            while len(batch) < required:
-                while not r.mq:
-                    yield r.mq_changed
-                batch.append(r.mq.popleft())
-            if self.scenario.trainer.collect_s:  # model hook: fetch + assemble the batch (sim.physics docs)
-                yield self.scenario.trainer.collect_s
-            rec["gen"] = engine.now_s - t_alloc
-            self.core.record_collection(wait_time_s=rec["gen"], wait_samples=wait_samples)
-            compute_s = self._train_time_s(batch)
-            self._set_phase("train")
-            yield compute_s
-            self._set_phase("idle")
-            self.trained += len(batch)
-            rec["compute"] = compute_s
-            if global_steps % trigger == 0:
-                self.version += 1
-                t_sync = engine.now_s
-                yield from self._sync(global_steps, rec)
-                rec["param_sync"] = engine.now_s - t_sync
-            rec["alloc"] = engine.now_s - t_alloc
-            rec["step"] = engine.now_s - t_step
-            self.result.mq_series.append((engine.now_s, len(r.mq)))
-            rec["mq_size"] = float(len(r.mq))
-            self.metrics.add_micro_step(rec)
-            if global_steps % trigger == 0:
-                ratio = getattr(self.policy, "deactivate_ratio", float("nan"))
-                self.result.cycles.append(self.metrics.close_cycle(
-                    version=self.version, now_s=engine.now_s, deactivate_ratio=float(ratio)))
-        engine.stop()
-
     # -- entry -------------------------------------------------------------------
 
     def run(self) -> SimResult:
         t0 = time.perf_counter()
+        self.rollouter.start()
         self.engine.start_process(self._trainer())
         self.engine.run(max_time_s=1e9)
-        if self.version < self.limits.total_train_steps:
-            raise RuntimeError(f"simulation stalled at t={self.engine.now_s:.1f}s, version {self.version}: "
+        if self.cycle.version < self.limits.total_train_steps:
+            raise RuntimeError(f"simulation stalled at t={self.engine.now_s:.1f}s, "
+                               f"version {self.cycle.version}: "
                                f"no pending event (trainer waiting, nothing generating)")
         res = self.result
         r = self.rollouter
@@ -290,10 +305,10 @@ class Simulation:
         res.ideal_bound_s = ideal_lower_bound_s(self.scenario, self.workload)
         res.activations = self.core.activations
         res.deactivations = self.core.deactivations
-        res.versions = self.version
-        res.micro_steps = self.version * self.limits.trigger_parameter_sync_step
-        res.samples = {"fed": r.fed, "generating": r.generating(), "queued": len(r.mq), "trained": self.trained,
-                       "dropped": r.dropped, "retried_attempts": r.retries}
+        res.versions = self.cycle.version
+        res.micro_steps = self.cycle.version * self.limits.trigger_parameter_sync_step
+        res.samples = {A.FED: r.fed, A.GENERATING: r.generating(), A.QUEUED: len(r.mq),
+                       A.TRAINED: self.trained, A.DROPPED: 0, "retried_attempts": r.retries}
         res.tokens = {"trained": self.trained_tokens,
                       "decoded": sum(rep.tokens_decoded for rep in r.replicas.values()),
                       "prefilled": sum(rep.tokens_prefilled for rep in r.replicas.values())}

@@ -159,7 +159,6 @@ class SwitchCosts:
     standalone_sync_s: float
     hybrid_sync_s: float
     hybrid_sleep_s: float
-    rebalance_poll_s: float
     monitor_interval_s: float
 
 
@@ -289,7 +288,6 @@ def _costs(config: Config) -> SwitchCosts:
     return SwitchCosts(standalone_sync_s=engine.weight_sync_s,
                        hybrid_sync_s=offload_s + engine.wake_s + engine.weight_sync_s,
                        hybrid_sleep_s=engine.sleep_s + offload_s,
-                       rebalance_poll_s=config.simulator.rebalance_poll_s,
                        monitor_interval_s=monitor_s or ROLLOUTER_MONITOR_INTERVAL_S / config.run.time_scale)
 
 

@@ -66,19 +66,28 @@ class Stack:
             self.start_controller()
         services: dict[str, Callable[[], Any]] = {
             "loadbalancer": lambda: LoadBalancer(bus=self.bus(), initial_replica_ids=config.standalone_ids),
-            "rollouter": lambda: Rollouter(bus=self.bus(), config=config, prompts=build_prompt_source(config)),
-            "trainer": lambda: Trainer(bus=self.bus(), config=config, backend=SimTrainer(config)),
+            "rollouter": lambda: Rollouter(bus=self.bus(), config=config,
+                                           prompts=build_prompt_source(config)),
+            "trainer": self.start_trainer,
         }
         for name, build in services.items():
-            if name not in without:
+            if name == "trainer" and name not in without:
+                build()
+            elif name not in without:
                 self.tasks[name] = asyncio.create_task(build().run(self.stop))
         for replica_id in (r for r in config.standalone_ids + config.hybrid_ids if r not in without):
             engine = SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,
                                prompt_length=config.data.prompt_length, seed=config.run.seed)
             await engine.start()
             initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
-            worker = RolloutWorker(bus=self.bus(), replica_id=replica_id, engine=engine, initial_state=initial)
+            worker = RolloutWorker(bus=self.bus(), replica_id=replica_id, engine=engine,
+                                   initial_state=initial)
             self.tasks[replica_id] = asyncio.create_task(worker.run(self.stop))
+
+    def start_trainer(self) -> Trainer:
+        trainer = Trainer(bus=self.bus(), config=self.config, backend=SimTrainer(self.config))
+        self.tasks["trainer"] = asyncio.create_task(trainer.run(self.stop))
+        return trainer
 
     def start_controller(self) -> Controller:
         self.controller = Controller(bus=self.bus(), config=self.config)

@@ -38,7 +38,8 @@ S = ("standalone_0",)
 class SpyPolicy(DynamicSchedulePolicyBase):
     """Answers as told and records every call, to check the seed's call order."""
 
-    def __init__(self, *, deactivate: bool = True, wait: int = 7, activate: bool = True, rebalance: Any = None):
+    def __init__(self, *, deactivate: bool = True, wait: int = 7, activate: bool = True,
+                 rebalance: Any = None):
         self.deactivate, self.wait, self.activate, self.rebalance = deactivate, wait, activate, rebalance
         self.calls: list[str] = []
         self.seen: list[dict[str, Any]] = []
@@ -87,7 +88,8 @@ def make_core(
         staleness_threshold=staleness_threshold,
     )
     return ControllerCore(
-        policy=policy, ctx=ctx, hybrid_ids=hybrid_ids, standalone_ids=standalone_ids, enable_rebalance=enable_rebalance
+        policy=policy, ctx=ctx, hybrid_ids=hybrid_ids, standalone_ids=standalone_ids,
+        enable_rebalance=enable_rebalance,
     )
 
 
@@ -102,7 +104,8 @@ def sync(core: ControllerCore, *, version: int, generated: int = 0, completed: i
     return commands
 
 
-def micro_step(core: ControllerCore, *, step: int, deact_s: float = 1.0, wait_samples: int = 0) -> list[Command]:
+def micro_step(core: ControllerCore, *, step: int, deact_s: float = 1.0,
+               wait_samples: int = 0) -> list[Command]:
     commands = core.begin_micro_step(step)
     if core.mode is Mode.DEACTIVATING:
         core.finish_deactivate(deact_s)
@@ -185,7 +188,8 @@ def test_rebalance_is_omitted_when_disabled_or_vetoed_and_issued_when_the_policy
     assert Rebalance() not in vetoed.begin_sync(global_steps=0, version=0, total_generated_samples=0,
                                                 completed_steps=0)  # fmt: skip
     allowed = make_core(policy=SpyPolicy(rebalance=None))
-    assert Rebalance() in allowed.begin_sync(global_steps=0, version=0, total_generated_samples=0, completed_steps=0)
+    assert Rebalance() in allowed.begin_sync(global_steps=0, version=0, total_generated_samples=0,
+                                             completed_steps=0)
 
 
 def test_hybrids_still_active_at_a_sync_are_synced_too_and_stay_active():
@@ -394,8 +398,8 @@ def test_restore_mid_deactivation_reissues_the_same_commands_and_can_finish():
     core = make_core()
     sync(core, version=0)
     issued = core.begin_micro_step(1)
-    restored = ControllerCore.restore(json.loads(json.dumps(core.snapshot())),
-                                      policy=build_policy("default", deactivate_ratio=0.9, only_hybrid=False))  # fmt: skip
+    policy = build_policy("default", deactivate_ratio=0.9, only_hybrid=False)
+    restored = ControllerCore.restore(json.loads(json.dumps(core.snapshot())), policy=policy)
     assert restored.mode is Mode.DEACTIVATING
     assert restored.recovery_commands() == issued
     restored.finish_deactivate(1.0)

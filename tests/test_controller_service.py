@@ -1,33 +1,66 @@
-"""The controller service's event handling against a real Redis (no other services running)."""
+"""The controller's weight sync over a real Redis: one command to the trainer, one typed report back.
+
+The trainer owns the sync end to end (push, filesystem fallback); the controller never
+reads the trainer's event stream in the middle of handling an event.
+"""
 
 from __future__ import annotations
 
-from services.controller.service import CONSUMER, Controller
+import asyncio
+
+from core import executor as ex
+from services.controller.executor import Executor
+from services.trainer.service import Trainer
+from services.trainer.sim_backend import SimTrainer
 from shared.bus import Bus
-from shared.names import CONTROLLER_GROUP, Names
-from shared.schema import TrainerEvent
+from shared.names import TRAINER_GROUP, WORKER_GROUP, Names
+from shared.rpc import CommandClient
+from shared.schema import Command, CommandAction
 from shared.streams import connect
 from tests.stack import sim_config
 
 
-async def test_a_trainer_event_arriving_while_a_handler_waits_for_another_is_handled_next_not_dropped(
+async def test_a_weight_sync_is_one_trainer_command_whose_failed_push_falls_back_to_the_filesystem(
         redis_server):
-    """A restarted trainer's micro_step_start can arrive while the controller waits for the
-    release ack (or a push report) of the sync in progress; it must come out of the main loop
-    next, and stay unacked until then (a controller crash replays it)."""
+    """The sim trainer cannot push: the trainer reports the failed push and has every replica
+    reload the version from the filesystem before it answers."""
     config = sim_config()
-    bus = Bus(connect(redis_server.url), Names(config.run.namespace))
-    controller = Controller(bus=bus, config=config)
-    events = await bus.subscribe(bus.names.trainer_events, CONTROLLER_GROUP, CONSUMER)
+    names = Names(config.run.namespace)
+    bus = Bus(connect(redis_server.url), names)
+    trainer = Trainer(bus=bus, config=config, backend=SimTrainer(config))
+    trainer.transports = {"standalone_0": "gloo"}
+    rpc = CommandClient(bus)
+    executor = Executor(bus=bus, rpc=rpc)
+    stop = asyncio.Event()
+    trainer_commands = await bus.subscribe(names.trainer_commands, TRAINER_GROUP, "trainer")
+    worker_commands = await bus.subscribe(names.worker_commands("standalone_0"), WORKER_GROUP, "standalone_0")
+    await bus.redis.set(names.worker_heartbeat("standalone_0"), "incarnation-1")
+    reloads: list[Command] = []
+
+    async def reload(command: Command) -> dict[str, object]:
+        reloads.append(command)
+        return {}
+
+    for client in (trainer._rpc, trainer._push_rpc, rpc, executor.trainer_rpc):
+        await client.start()
+    servers = [
+        asyncio.create_task(bus.serve_commands(trainer_commands, stop, sender="t", apply=trainer._apply)),
+        asyncio.create_task(bus.serve_commands(worker_commands, stop, sender="w", apply=reload)),
+    ]
     try:
-        await bus.publish(bus.names.trainer_events, TrainerEvent(phase="micro_step_start", global_steps=5, version=2))
-        await bus.publish(bus.names.trainer_events, TrainerEvent(phase="gpus_released_ack", global_steps=4, version=2))
-        awaited = await controller._await_trainer(events, lambda m: m.phase == "gpus_released_ack")
-        assert awaited.global_steps == 4
-        pending = await bus.redis.xpending(bus.names.trainer_events, CONTROLLER_GROUP)
-        assert pending["pending"] == 1
-        [(_, kept)] = await controller._next_events(events)
-        assert isinstance(kept, TrainerEvent) and (kept.phase, kept.global_steps) == ("micro_step_start", 5)
+        report = await executor.perform(ex.SyncReplicas(replica_ids=("standalone_0",), version=0,
+                                                        weights_path="/w/0"))
+        assert (report.pushed, report.ok, report.transport) == (True, False, "gloo")
+        assert report.error.startswith("ValueError")
+        assert [(c.action, c.version, c.weights_path) for c in reloads] == [
+            (CommandAction.UPDATE_WEIGHTS, 0, "/w/0")]
+        await executor.perform(ex.ReleaseTrainer())
+        assert trainer.backend.on_gpu is False  # type: ignore[attr-defined]
     finally:
-        await events.close()
+        stop.set()
+        await asyncio.gather(*servers)
+        for client in (trainer._rpc, trainer._push_rpc, rpc, executor.trainer_rpc):
+            await client.close()
+        for sub in (trainer_commands, worker_commands):
+            await sub.close()
         await bus.redis.aclose()

@@ -27,7 +27,7 @@ def commands(events: list[AuditEvent]) -> list[tuple[str, str]]:
     for event in events:
         if event.kind == "command":
             kind = event.detail.split()[0]
-            group = "hybrid" if "hybrid" in event.detail else "standalone" if "standalone" in event.detail else ""
+            group = next((g for g in ("hybrid", "standalone") if g in event.detail), "")
             out.append((kind, group))
     return out
 
@@ -38,8 +38,9 @@ def sync_cycles(events: list[AuditEvent]) -> list[list[tuple[str, str]]]:
     for kind, group in commands(events):
         current.append((kind, group))
         if kind == "reset_staleness":
-            cycles.append([c for c in current if c[0] in ("sync_weights", "wake_replicas", "add_replicas",
-                                                             "resume_replicas", "rebalance", "reset_staleness")])
+            kept = ("sync_weights", "wake_replicas", "add_replicas", "resume_replicas", "rebalance",
+                    "reset_staleness")
+            cycles.append([c for c in current if c[0] in kept])
             current = []
     return cycles
 
@@ -87,9 +88,11 @@ async def test_a_sync_with_enough_samples_queued_skips_activation_and_the_hybrid
     # after the first cycles the queue holds more than ratio x step_required, so the gap is <= 0.
     stack = await run_stack(redis_server.url, rollout={"nnodes": 1, "n_gpus_per_node": 4},
                             trainer={"time_per_sample_s": 40.0},
-                            async_training={"staleness_threshold": 1.0, "dynamic_schedule_deactivate_ratio": 0.1})
+                            async_training={"staleness_threshold": 1.0,
+                                            "dynamic_schedule_deactivate_ratio": 0.1})
     cycles = sync_cycles(await stack.audit())
-    skipped = [c for c in cycles[1:] if ("sync_weights", "standalone") in c and ("sync_weights", "hybrid") not in c]
+    skipped = [c for c in cycles[1:]
+               if ("sync_weights", "standalone") in c and ("sync_weights", "hybrid") not in c]
     assert skipped, f"every sync activated hybrids: {cycles}"
     for cycle in skipped:
         assert ("wake_replicas", "hybrid") not in cycle
@@ -104,12 +107,14 @@ async def test_aborted_requests_finish_on_standalones_with_min_and_max_versions_
              and t.replica_ids[-1].startswith("standalone")]
     assert moved, "no trajectory was aborted on a hybrid and finished on a standalone"
     assert all(t.num_attempts > 1 for t in moved)
-    assert any(t.max_version > t.min_version for t in trajectories), "no partial rollout crossed a weight sync"
+    assert any(t.max_version > t.min_version for t in trajectories), \
+        "no partial rollout crossed a weight sync"
     assert all(t.min_version <= t.max_version for t in trajectories)
 
 
 async def test_static_fully_async_with_standalones_keeps_hybrids_asleep(redis_server):
-    stack = await run_stack(redis_server.url, async_training={"dynamic_schedule_policy": "static_fully_async"})
+    static = {"dynamic_schedule_policy": "static_fully_async"}
+    stack = await run_stack(redis_server.url, async_training=static)
     events = await stack.audit()
     assert not [e for e in events if e.kind == "switch"]
     hybrid_states = [e.detail for e in events if e.kind == "replica_state" and e.subject.startswith("hybrid")]
@@ -126,7 +131,8 @@ async def test_colocated_mode_without_standalones_completes(redis_server):
 
 
 async def test_admin_forced_activation_happens_at_the_next_sync_with_the_normal_ordering(redis_server):
-    stack = Stack(sim_config(async_training={"dynamic_schedule_policy": "static_fully_async"}), redis_server.url)
+    static = {"dynamic_schedule_policy": "static_fully_async"}
+    stack = Stack(sim_config(async_training=static), redis_server.url)
     await stack.start()
     assert stack.controller is not None
     transport = httpx.ASGITransport(app=build_app(stack.controller, PrometheusExporter()))
@@ -158,8 +164,8 @@ def spawn(service: str, config_path, redis_url: str, *extra: str) -> subprocess.
     ("trainer", "trainer", ()),
     ("rollout_worker", "standalone_0", ("--replica-id", "standalone_0")),
 ])
-async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost(redis_server, tmp_path, service, name,
-                                                                        extra):
+async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost(redis_server, tmp_path, service,
+                                                                        name, extra):
     config = sim_config(data={"total_rollout_steps": 96})
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config_to_dict(config)))
@@ -265,12 +271,12 @@ async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_req
 
 
 async def test_a_weight_push_that_fails_falls_back_to_the_filesystem_and_the_run_loses_nothing(redis_server):
-    """The sim trainer cannot push, so every push the controller asks for fails: each sync must
+    """The sim trainer cannot push, so every push the trainer tries fails: each sync must
     still reach every replica (through update_weights) and training must finish."""
     stack = Stack(sim_config(), redis_server.url)
-    await stack.start(without=("controller",))
-    controller = stack.start_controller()  # its task has not run yet: configure before the first sync
-    controller.executor.transports = dict.fromkeys(stack.config.standalone_ids + stack.config.hybrid_ids, "gloo")
+    await stack.start(without=("trainer",))
+    trainer = stack.start_trainer()  # its task has not run yet: configure before the first sync
+    trainer.transports = dict.fromkeys(stack.config.standalone_ids + stack.config.hybrid_ids, "gloo")
     try:
         await stack.wait_done(timeout_s=90)
         states = await stack.buses[0].redis.hgetall(stack.names.replica_states)

@@ -34,7 +34,8 @@ def test_limits_follow_the_original_formulas() -> None:
 
 
 def test_require_batches_multiplies_required_and_staleness_zero_is_synchronous() -> None:
-    limits = make_limits(ppo_mini_batch_size=8, require_batches=2, trigger_parameter_sync_step=2, staleness_threshold=0)
+    limits = make_limits(ppo_mini_batch_size=8, require_batches=2, trigger_parameter_sync_step=2,
+                         staleness_threshold=0)
     assert limits.required_samples == 16
     assert limits.step_required == 32
     assert limits.max_required == 32

@@ -17,7 +17,9 @@ from shared.schema import (
     GenerateResult,
     MalformedMessage,
     Sample,
+    TrainerAction,
     TrainerEvent,
+    TrainerPhase,
     TrainerReply,
     Trajectory,
     decode,
@@ -41,8 +43,10 @@ MESSAGES = [
     Command(command_id="p", action="weights_update", version=3,
             data={"names": ["lm_head.weight"], "dtype_names": ["float32"], "shapes": [[32, 128]]}),
     CommandAck(command_id="c", sender="a", ok=False, error="nope", data={"state": "paused"}),
-    TrainerEvent(phase="micro_step_done", global_steps=4, version=1, data={"timing_s/step": 1.0}),
-    TrainerReply(action="sync_done", global_steps=4),
+    TrainerEvent(phase=TrainerPhase.MICRO_STEP_DONE, global_steps=4, version=1, stats={"timing_s/step": 1.0}),
+    TrainerEvent(phase=TrainerPhase.COLLECTED, global_steps=4, version=1, wait_time_s=0.5, wait_samples=3),
+    TrainerReply(action=TrainerAction.SYNC_DONE, global_steps=4, activated=True, param_sync_s=1.5),
+    TrainerReply(action=TrainerAction.GPUS_READY, global_steps=4, wait_for_enough_samples_s=0.25),
     CycleMetrics(version=1, global_steps=4, t=2.0, metrics={"dynamic_resource/mq_size": 3.0}),
 ]
 
@@ -61,7 +65,7 @@ def test_header_fields_stay_readable_strings_for_redis_cli():
     ({"type": "bogus"}, "unknown message type"),
     ({"type": "generate", "request_id": "x"}, "missing"),
     ({"type": "ack", "command_id": "c", "sender": "s", "ok": "1", "payload": b"\xc1"}, "msgpack"),
-    ({"type": "trainer_reply", "action": "stop", "global_steps": "four"}, "global_steps='four' is not a int"),
+    ({"type": "trainer_reply", "action": "sync_done", "global_steps": "four"}, "global_steps='four' is not a int"),
     ({"type": "sample", "sample_id": "s", "answer": "",
       "payload": msgpack.packb({"prompt_token_ids": [], "trajectories": [{"nope": 1}]})}, "bad trajectory"),
 ])

@@ -59,7 +59,8 @@ async def test_a_push_call_gives_up_at_once_when_a_target_worker_dies_instead_of
         await asyncio.sleep(1.0)
         assert not call.done()  # alive, just slow: still waiting
         await bus.redis.set(beat, "incarnation-2", ex=30)  # the worker restarted
-        with pytest.raises(ValueError, match="standalone_0's worker stopped or restarted during weights_start"):
+        stopped = "standalone_0's worker stopped or restarted during weights_start"
+        with pytest.raises(ValueError, match=stopped):
             async with asyncio.timeout(5):
                 await call
     finally:

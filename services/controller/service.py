@@ -1,10 +1,13 @@
 """The controller service: drives the sync-cycle protocol around the pure controller core.
 
-Where it sits: it reads the trainer's step-phase events, asks
-`core.controller.ControllerCore` (policy inside) what to do, has the
-`Executor` do it over the bus, replies to the trainer, and emits one
-`CycleMetrics` entry per sync cycle. Its admin API (admin.py) reads and
-steers the same object.
+Where it sits: it reads the trainer's step-phase events and hands each to
+`core.executor.ExecutorCore` (around `core.controller.ControllerCore`, policy
+inside), whose plan of operations the `Executor` performs over the bus; then it
+replies to the trainer, and emits one `CycleMetrics` entry per sync cycle. The
+simulator drives the same ExecutorCore on its virtual clock. The trainer's events
+are read by this loop only: what the controller needs from the trainer during a
+sync (releasing its GPUs, syncing replicas) are commands it acks like any peer.
+Its admin API (admin.py) reads and steers the same object.
 
 Crash safety: after every decision the core's snapshot and the event being
 handled are written to Redis *before* the commands run, and the trainer's
@@ -17,25 +20,36 @@ if it was done, only the reply is sent again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgpack
 
+from core import executor as ex
 from core.controller import ControllerCore, Mode
 from core.metrics import CycleAggregator
 from policies import DynamicScheduleContext, build_policy, load_policy_module
-from services.controller.executor import ExecutionReport, Executor
-from shared.bus import Bus, Subscription, text
+from services.controller.executor import Executor
+from shared.bus import Bus
 from shared.config import Config
-from shared.names import CONTROLLER_GROUP
+from shared.names import CONTROLLER_GROUP, RunStateField, RunStatus
 from shared.rpc import CommandClient
-from shared.schema import CycleMetrics, Message, TrainerEvent, TrainerReply
+from shared.schema import (
+    AuditKind,
+    CommandAction,
+    CycleMetrics,
+    TrainerAction,
+    TrainerEvent,
+    TrainerPhase,
+    TrainerReply,
+)
 
 log = logging.getLogger(__name__)
 CONSUMER = "controller"
+T = TypeVar("T")
 
 
 def build_core(config: Config) -> ControllerCore:
@@ -45,34 +59,55 @@ def build_core(config: Config) -> ControllerCore:
     if at.dynamic_schedule_policy_module:
         load_policy_module(at.dynamic_schedule_policy_module)
     name = at.dynamic_schedule_policy if at.use_dynamic_resource_scheduling else "static_fully_async"
-    policy = build_policy(name, deactivate_ratio=at.dynamic_schedule_deactivate_ratio, only_hybrid=config.only_hybrid)
+    policy = build_policy(name, deactivate_ratio=at.dynamic_schedule_deactivate_ratio,
+                          only_hybrid=config.only_hybrid)
     ctx = DynamicScheduleContext(
         required_samples=config.trainer.ppo_mini_batch_size * at.require_batches,
         trigger_parameter_sync_step=at.trigger_parameter_sync_step,
         only_hybrid=config.only_hybrid, staleness_threshold=at.staleness_threshold)
     return ControllerCore(policy=policy, ctx=ctx, hybrid_ids=config.hybrid_ids,
-                          standalone_ids=config.standalone_ids, enable_rebalance=at.dynamic_schedule_enable_rebalance)
+                          standalone_ids=config.standalone_ids,
+                          enable_rebalance=at.dynamic_schedule_enable_rebalance)
+
+
+@dataclass(kw_only=True)
+class HandledEvent:
+    """The trainer event handled last (persisted with the core): a replay of it after a restart
+    finishes it (`finished` False) or only re-sends its reply."""
+
+    phase: TrainerPhase
+    global_steps: int
+    finished: bool = False
+    reply: dict[str, Any] = field(default_factory=dict)
+    """The TrainerReply sent, as plain data ({} when the phase gets none)."""
+
+    def matches(self, event: TrainerEvent) -> bool:
+        return (self.phase, self.global_steps) == (event.phase, event.global_steps)
+
+    def saved_reply(self) -> TrainerReply | None:
+        data = self.reply
+        return TrainerReply(**{**data, "action": TrainerAction(data["action"])}) if data else None
 
 
 class Controller:
     def __init__(self, *, bus: Bus, config: Config) -> None:
         self.bus = bus
         self.config = config
-        self.core = build_core(config)
+        self.executor_core = ex.ExecutorCore(core=build_core(config), clock=time.monotonic)
         self.rpc = CommandClient(bus)
         self.force_deactivate_now = asyncio.Event()
-        transports = {r: config.weight_transport(r) for r in config.standalone_ids + config.hybrid_ids}
-        self.executor = Executor(bus=bus, rpc=self.rpc, standalone_ids=config.standalone_ids,
-                                 force_event=self.force_deactivate_now,
-                                 transports={r: t for r, t in transports.items() if t != "filesystem"})
+        self.executor = Executor(bus=bus, rpc=self.rpc, force_event=self.force_deactivate_now)
         self.aggregator = CycleAggregator()
-        self.last_event: dict[str, Any] = {}
+        self.last_event: HandledEvent | None = None
         self.cycle_report: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
-        self._deferred: list[tuple[str, Message]] = []
-        """Trainer events read (not acked) while a handler waited for another one."""
         self.on_metrics: list[Any] = []
         """Callbacks taking one cycle's metrics dict (the Prometheus exporter registers here)."""
+
+    @property
+    def core(self) -> ControllerCore:
+        """The hybrid lifecycle state machine (with the policy) this controller drives."""
+        return self.executor_core.core
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -80,24 +115,25 @@ class Controller:
         """1. restore the core; 2. handle trainer events one at a time until `stop` or the run is done."""
         await self._restore()
         await self.rpc.start()
+        await self.executor.start()
         await self._announce_capacity()
         events = await self.bus.subscribe(self.bus.names.trainer_events, CONTROLLER_GROUP, CONSUMER)
         try:
             while not stop.is_set():
-                for entry_id, message in await self._next_events(events):
+                for entry_id, message in await events.read(count=1, block_ms=200):
                     if isinstance(message, TrainerEvent) and not await self._handle_unless_stopped(
-                            message, events, stop):
+                            message, stop):
                         return  # stopped mid-event: left unacked, replayed by the next controller
                     await events.ack(entry_id)
         finally:
             await events.close()
+            await self.executor.close()
             await self.rpc.close()
 
-    async def _handle_unless_stopped(self, event: TrainerEvent, events: Subscription,
-                                     stop: asyncio.Event) -> bool:
+    async def _handle_unless_stopped(self, event: TrainerEvent, stop: asyncio.Event) -> bool:
         """Handle one event; a stop request (SIGTERM) interrupts it like a crash would, so a
         controller waiting on an unresponsive peer still exits promptly. False if interrupted."""
-        handler = asyncio.create_task(self._handle(event, events))
+        handler = asyncio.create_task(self._handle(event))
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([handler, stopper], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
@@ -114,152 +150,73 @@ class Controller:
             await self.persist()
             return
         saved = msgpack.unpackb(raw, raw=False)
-        self.core = ControllerCore.restore(saved["core"], policy=self.core.policy)
-        self.last_event = saved.get("last_event", {})
-        self.executor.serving_hybrids = self.core.hybrid_ids if self.core.mode is Mode.HYBRID_ACTIVE else ()
-        log.info("restored controller: mode=%s last_event=%s", self.core.mode, self.last_event)
+        core = ControllerCore.restore(saved["core"], policy=self.core.policy)
+        self.executor_core = ex.ExecutorCore(core=core, clock=time.monotonic)
+        last = saved.get("last_event")
+        self.last_event = HandledEvent(**{**last, "phase": TrainerPhase(last["phase"])}) if last else None
+        log.info("restored controller: mode=%s last_event=%s", core.mode, self.last_event)
 
     async def _announce_capacity(self) -> None:
         """Tell the rollouter how many replicas serve right now (standalones, plus hybrids if active)."""
-        serving = len(self.core.standalone_ids) + len(self.executor.serving_hybrids)
-        await self.rpc.call(self.bus.names.rollouter_commands, "set_active_replicas", value=serving)
+        serving = len(self.core.standalone_ids) + len(self.executor_core.serving_hybrids)
+        await self.rpc.call(self.bus.names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS,
+                            value=serving)
 
     async def persist(self) -> None:
-        state = {"core": self.core.snapshot(), "last_event": self.last_event}
+        state = {"core": self.core.snapshot(),
+                 "last_event": dataclasses.asdict(self.last_event) if self.last_event else None}
         await self.bus.redis.set(self.bus.names.controller_state, msgpack.packb(state, use_bin_type=True))
 
     # -- events ----------------------------------------------------------------------
 
-    async def _handle(self, event: TrainerEvent, events: Subscription) -> None:
+    async def _handle(self, event: TrainerEvent) -> None:
         log.debug("trainer event %s gs=%d v=%d", event.phase, event.global_steps, event.version)
-        key = {"phase": event.phase, "global_steps": event.global_steps}
-        replay = {k: self.last_event.get(k) for k in key} == key
-        if replay and self.last_event.get("status") == "done":
-            log.info("re-sending the reply to a replayed %s", key)
-            await self._reply_to(event, self.last_event.get("reply", {}))
+        last = self.last_event
+        replay = last is not None and last.matches(event)
+        if last is not None and replay and last.finished:
+            log.info("re-sending the reply to a replayed %s %d", event.phase, event.global_steps)
+            await self._reply(last.saved_reply())
             return
-        if event.phase == "micro_step_start":
-            reply = await self._on_micro_step_start(event, recovering=replay)
-        elif event.phase == "weights_ready":
-            reply = await self._on_weights_ready(event, events, recovering=replay)
-        elif event.phase == "collected":
-            self.core.record_collection(wait_time_s=float(event.data["wait_time_s"]),
-                                        wait_samples=int(event.data["wait_samples"]))
-            reply = {}
-        elif event.phase == "micro_step_done":
+        reply: TrainerReply | None = None
+        logic = self.executor_core
+        if event.phase is TrainerPhase.MICRO_STEP_START:
+            reply = await self._drive(logic.on_micro_step_start(event, recovering=replay), event)
+        elif event.phase is TrainerPhase.WEIGHTS_READY:
+            reply = await self._drive(logic.on_weights_ready(event, recovering=replay), event)
+            self.cycle_report = logic.last_report.cycle_metrics()
+        elif event.phase is TrainerPhase.COLLECTED:
+            logic.on_collected(event)
+        elif event.phase is TrainerPhase.MICRO_STEP_DONE:
             await self._on_micro_step_done(event)
-            reply = {}
-        elif event.phase == "done":
+        elif event.phase is TrainerPhase.DONE:
             await self._finish_run()
-            reply = {}
-        else:
-            log.warning("ignoring trainer event %s", event.phase)
-            return
-        self.last_event = {**key, "status": "done", "reply": reply}
+        self.last_event = HandledEvent(phase=event.phase, global_steps=event.global_steps, finished=True,
+                                       reply=dataclasses.asdict(reply) if reply else {})
         await self.persist()
-        await self._reply_to(event, reply)
+        await self._reply(reply)
 
-    async def _reply_to(self, event: TrainerEvent, reply: dict[str, Any]) -> None:
-        action = {"micro_step_start": "gpus_ready", "weights_ready": "sync_done"}.get(event.phase)
-        if action:
-            await self.bus.publish(self.bus.names.trainer_replies,
-                                   TrainerReply(action=action, global_steps=event.global_steps, data=reply))
-
-    async def _begin(self, event: TrainerEvent) -> None:
-        self.last_event = {"phase": event.phase, "global_steps": event.global_steps, "status": "in_progress"}
-        await self.persist()
-
-    async def _on_micro_step_start(self, event: TrainerEvent, *, recovering: bool) -> dict[str, Any]:
-        if recovering and self.core.mode is Mode.DEACTIVATING:
-            commands = self.core.recovery_commands()
-        else:
-            commands = self.core.begin_micro_step(event.global_steps)
-        await self._begin(event)
-        report = await self.executor.execute(commands)
-        if self.core.mode is Mode.DEACTIVATING:
-            self.core.finish_deactivate(report.switch_s)
-            self.executor.serving_hybrids = ()
-            await self.bus.audit(kind="switch", subject="controller", detail="deactivated",
-                                 version=event.version)
-        return {"wait_for_enough_samples_s": report.wait_for_enough_samples_s, "deactivate_s": report.switch_s}
-
-    async def _on_weights_ready(self, event: TrainerEvent, events: Subscription, *,
-                                recovering: bool) -> dict[str, Any]:
-        if recovering and self.core.in_sync:
-            commands = self.core.recovery_commands()
-        else:
-            state = {text(k): text(v) for k, v in
-                     (await self.bus.redis.hgetall(self.bus.names.rollouter_state)).items()}
-            commands = self.core.begin_sync(
-                global_steps=event.global_steps, version=event.version,
-                total_generated_samples=int(state.get("total_generated", 0)),
-                completed_steps=int(state.get("completed_steps", 1)))
-        await self._begin(event)
-        self.executor.weights_path = event.weights_path
-        activating = self.core.mode is Mode.ACTIVATING
-        if activating and self.core.hybrid_ids:
-            self.executor.release_trainer = lambda: self._take_trainer_gpus(event, events)
-        self.executor.push = lambda ids, version, transport: self._push(event, events, ids, version, transport)
-        try:
-            report: ExecutionReport = await self.executor.execute(commands)
-        finally:
-            self.executor.release_trainer = self.executor.push = None
-        if activating:
-            self.core.finish_activate(report.switch_s)
-            await self.bus.audit(kind="switch", subject="controller", detail="activated", version=event.version)
-        self.core.finish_sync(event.global_steps)
-        self.cycle_report = {
-            **{k: float(v) for k, v in report.rollouter_report.items()},
-            "timing_s/activate": report.switch_s if activating else 0.0,
-            "timing_s/standalone_sync": report.standalone_sync_s,
-            "timing_s/trainer_release": report.trainer_release_s,
-            "weights/pushes": float(report.pushes),
-            "weights/push_fallbacks": float(report.push_fallbacks),
-        }
-        return {"activated": activating, "param_sync_s": report.standalone_sync_s + report.switch_s}
-
-    async def _take_trainer_gpus(self, event: TrainerEvent, events: Subscription) -> None:
-        """Ask the trainer to offload and wait for its ack, so hybrids wake into free GPU memory."""
-        await self.bus.publish(self.bus.names.trainer_replies,
-                               TrainerReply(action="release_gpus", global_steps=event.global_steps))
-        await self._await_trainer(events, lambda m: m.phase == "gpus_released_ack")
-
-    async def _push(self, event: TrainerEvent, events: Subscription, replica_ids: tuple[str, ...],
-                    version: int, transport: str) -> bool:
-        """Ask the trainer to push `version` to `replica_ids` and wait for its report."""
-        await self.bus.publish(self.bus.names.trainer_replies, TrainerReply(
-            action="push_weights", global_steps=event.global_steps,
-            data={"replica_ids": list(replica_ids), "version": version, "transport": transport}))
-        report = await self._await_trainer(events, lambda m: (
-            m.phase == "weights_pushed" and m.data.get("replica_ids") == list(replica_ids) and m.version == version))
-        ok = bool(report.data.get("ok"))
-        await self.bus.audit(kind="push", subject="controller", version=version, detail=(
-            f"{transport} {list(replica_ids)} {'ok' if ok else 'failed: ' + str(report.data.get('error'))}"
-            f" {float(report.data.get('push_s', 0.0)):.3f}s"))
-        return ok
-
-    async def _await_trainer(self, events: Subscription,
-                             matches: Callable[[TrainerEvent], bool]) -> TrainerEvent:
-        """Wait, inside an event's handling, for the trainer event that `matches`. Any other trainer
-        event (a restarted trainer's next step) is kept, unacked, for the main loop: never dropped."""
+    async def _drive(self, plan: ex.Plan[T], event: TrainerEvent) -> T:
+        """Perform the plan's operations in order; at its Checkpoint, persist the event in progress
+        (so a restarted controller re-runs the core's recovery commands)."""
+        result: Any = None
         while True:
-            for entry_id, message in await events.read(count=1, block_ms=200):
-                if isinstance(message, TrainerEvent) and matches(message):
-                    await events.ack(entry_id)
-                    return message
-                if isinstance(message, TrainerEvent):
-                    self._deferred.append((entry_id, message))
-                else:
-                    await events.ack(entry_id)
+            try:
+                op = plan.send(result)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if isinstance(op, ex.Checkpoint):
+                self.last_event = HandledEvent(phase=event.phase, global_steps=event.global_steps)
+                await self.persist()
+                result = None
+            else:
+                result = await self.executor.perform(op)
 
-    async def _next_events(self, events: Subscription) -> list[tuple[str, Message]]:
-        """Events kept back during a handler first, in arrival order; then the stream."""
-        if self._deferred:
-            return [self._deferred.pop(0)]
-        return await events.read(count=1, block_ms=200)
+    async def _reply(self, reply: TrainerReply | None) -> None:
+        if reply is not None:
+            await self.bus.publish(self.bus.names.trainer_replies, reply)
 
     async def _on_micro_step_done(self, event: TrainerEvent) -> None:
-        self.aggregator.add(event.data)
+        self.aggregator.add(event.stats)
         trigger = self.config.async_training.trigger_parameter_sync_step
         if event.global_steps % trigger == 0:
             await self._emit_cycle(event)
@@ -277,7 +234,8 @@ class Controller:
             metrics["perf/throughput"] = metrics.get("perf/total_num_tokens", 0.0) / (step_s * num_gpus)
         metrics.update({"dynamic_resource/activations": float(self.core.activations),
                         "dynamic_resource/deactivations": float(self.core.deactivations),
-                        "dynamic_resource/deactivate_ratio": float(getattr(self.core.policy, "deactivate_ratio", 0))})
+                        "dynamic_resource/deactivate_ratio": float(
+                            getattr(self.core.policy, "deactivate_ratio", 0))})
         self.aggregator.reset()
         self.cycle_report = {}
         self.last_metrics = metrics
@@ -289,8 +247,8 @@ class Controller:
     async def _finish_run(self) -> None:
         if len(self.aggregator):
             log.info("dropping metrics of an incomplete final cycle")
-        await self.bus.redis.hset(self.bus.names.run_state, "status", "done")
-        await self.bus.audit(kind="phase", subject="controller", detail="run done")
+        await self.bus.redis.hset(self.bus.names.run_state, RunStateField.STATUS, RunStatus.DONE)
+        await self.bus.audit(kind=AuditKind.PHASE, subject="controller", detail="run done")
 
     # -- admin -------------------------------------------------------------------------
 

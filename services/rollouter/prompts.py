@@ -25,7 +25,8 @@ class PromptSource(Protocol):
         """(prompt token ids, answer) of sample number `index`."""
         ...
 
-    def reward(self, *, response_token_ids: list[int], answer: str, request_id: str, version: int) -> float: ...
+    def reward(self, *, response_token_ids: list[int], answer: str, request_id: str,
+               version: int) -> float: ...
 
 
 class SimPrompts:

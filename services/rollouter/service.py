@@ -25,37 +25,37 @@ import logging
 import time
 from typing import Any
 
-from core.flow import FlowLimits, StalenessTracker
-from core.metrics import UtilizationHistory
-from services.rollouter.progress import SampleProgress, new_sample
+from core.flow import FlowLimits
+from core.sample_lifecycle import SampleLifecycle, sample_index
+from core.sample_progress import SampleProgress, new_sample
 from services.rollouter.prompts import PromptSource
 from shared.bus import Bus, Subscription, text
-from shared.config import Config
-from shared.names import ROLLOUTER_GROUP, TRAINER_GROUP
+from shared.config import ROLLOUTER_MONITOR_INTERVAL_S, Config
+from shared.names import ROLLOUTER_GROUP, TRAINER_GROUP, AccountingField, SampleState
+from shared.names import RolloutStateField as F
 from shared.runtime import sleep_unless
-from shared.schema import Command, GenerateRequest, GenerateResult, Sample, encode
+from shared.schema import Command, CommandAction, GenerateRequest, GenerateResult, Sample, encode
 from shared.streams import ensure_group, group_lag
 
 log = logging.getLogger(__name__)
 CONSUMER = "rollouter"
-MONITOR_INTERVAL_S = 0.1
 RETRY_POLL_S = 0.005
 
 
 class Rollouter:
+    """Drives `core.sample_lifecycle.SampleLifecycle` over Redis: every decision is the core's."""
+
     def __init__(self, *, bus: Bus, config: Config, prompts: PromptSource) -> None:
         self.bus = bus
         self.config = config
         self.prompts = prompts
         self.limits = FlowLimits.from_config(config)
-        self.tracker = StalenessTracker(limits=self.limits, now_s=time.time())
-        self.history = UtilizationHistory(t0=time.time())
-        self.active: dict[str, SampleProgress] = {}
-        self.num_replicas = 0
-        self.max_concurrent = 0
-        self.fed = 0
+        self.lifecycle = SampleLifecycle(
+            limits=self.limits, now_s=time.time(),
+            concurrent_samples_per_replica=config.async_training.concurrent_samples_per_replica)
+        self.progress: dict[str, SampleProgress] = {}
+        """Trajectory progress of every generating sample (the lifecycle's active set)."""
         self.epoch = 0
-        self.version = 0
         self._changed = asyncio.Event()
         self._retries: list[tuple[float, GenerateRequest]] = []
         """(due time, request) of partial rollouts waiting out the retry delay."""
@@ -81,55 +81,51 @@ class Rollouter:
     async def _restore(self) -> None:
         names = self.bus.names
         state = {text(k): text(v) for k, v in (await self.bus.redis.hgetall(names.rollouter_state)).items()}
-        self.epoch = int(await self.bus.redis.hincrby(names.rollouter_state, "epoch", 1))
-        self.fed = int(state.get("fed", 0))
-        self.tracker.total_generated = int(state.get("total_generated", 0))
-        self.tracker.completed_steps = int(state.get("completed_steps", 1))
-        self.version = int(state.get("version", 0))
-        self._set_replicas(int(state.get("num_replicas", 0)))
+        self.epoch = int(await self.bus.redis.hincrby(names.rollouter_state, F.EPOCH, 1))
+        self.lifecycle.restore(fed=int(state.get(F.FED, 0)),
+                               total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
+                               completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
+                               version=int(state.get(F.VERSION, 0)))
+        self.lifecycle.set_replicas(int(state.get(F.NUM_REPLICAS, 0)), time.time())
         orphans = [text(sid) for sid, s in (await self.bus.redis.hgetall(names.sample_states)).items()
-                   if text(s) == "generating"]
+                   if text(s) == SampleState.GENERATING]
         for sample_id in sorted(orphans):
             log.warning("regenerating %s (in flight when the previous rollouter stopped)", sample_id)
+            self.lifecycle.adopt(sample_id, time.time())
             await self._submit(self._new_progress(sample_id), record_feed=False)
-        self.history.record(time.time(), len(self.active), self.max_concurrent)
 
     # -- feed ----------------------------------------------------------------------
 
     async def _feed(self, stop: asyncio.Event) -> None:
-        """1. stop feeding while paused (staleness / queue full); 2. wait for a free concurrency
-        slot; 3. take the next prompt and send its n requests."""
-        total = self.config.data.total_rollout_steps
-        while not stop.is_set() and self.fed < total:
-            was_paused = self.tracker.paused
-            if self.tracker.check_pause(await self._mq_size()) or len(self.active) >= self.max_concurrent:
-                if self.tracker.paused != was_paused:
+        """1. ask the lifecycle for the next prompt (it stops while paused or without a free
+        slot); 2. send its n requests; 3. otherwise wait for a result, command or un-pause."""
+        while not stop.is_set() and not self.lifecycle.feed_done:
+            was_paused = self.lifecycle.tracker.paused
+            sample_id = self.lifecycle.next_sample(mq_size=await self._mq_size(), now_s=time.time())
+            if sample_id is None:
+                if self.lifecycle.tracker.paused != was_paused:
                     await self._publish_status()
                 await self._wait_for_change(stop)
                 continue
-            sample_id = f"sample_0_{self.fed}"
-            self.fed += 1
-            self.tracker.on_submit()
             await self._submit(self._new_progress(sample_id), record_feed=True)
 
     def _new_progress(self, sample_id: str) -> SampleProgress:
-        prompt, answer = self.prompts.prompt_at(int(sample_id.rsplit("_", 1)[1]))
+        prompt, answer = self.prompts.prompt_at(sample_index(sample_id))
         return new_sample(sample_id=sample_id, prompt_token_ids=prompt, answer=answer, n=self.config.data.n,
                           max_tokens=self.config.data.max_response_length, epoch=self.epoch)
 
     async def _submit(self, progress: SampleProgress, *, record_feed: bool) -> None:
         names = self.bus.names
-        self.active[progress.sample_id] = progress
+        self.progress[progress.sample_id] = progress
         async with self.bus.redis.pipeline(transaction=True) as pipe:
             if record_feed:
-                pipe.hset(names.sample_states, progress.sample_id, "generating")
-                pipe.hincrby(names.accounting, "fed", 1)
-                pipe.hincrby(names.accounting, "generating", 1)
-                pipe.hset(names.rollouter_state, "fed", self.fed)
+                pipe.hset(names.sample_states, progress.sample_id, SampleState.GENERATING)
+                pipe.hincrby(names.accounting, AccountingField.FED, 1)
+                pipe.hincrby(names.accounting, AccountingField.GENERATING, 1)
+                pipe.hset(names.rollouter_state, F.FED, self.lifecycle.fed)
             for request in progress.first_requests():
                 pipe.xadd(names.lb_requests, encode(request))
             await pipe.execute()
-        self.history.record(time.time(), len(self.active), self.max_concurrent)
         await self._publish_status()
 
     # -- results -------------------------------------------------------------------
@@ -143,7 +139,7 @@ class Rollouter:
             await sub.ack(*(entry_id for entry_id, _ in batch))
 
     async def _on_result(self, result: GenerateResult) -> None:
-        progress = self.active.get(result.sample_id)
+        progress = self.progress.get(result.sample_id)
         if progress is None:
             return  # a duplicate of a sample already queued
         retry = progress.apply(result, partial_rollout=self.config.async_training.partial_rollout)
@@ -175,14 +171,13 @@ class Rollouter:
                         answer=progress.answer, trajectories=trajectories, enqueued_at=time.time())
         async with self.bus.redis.pipeline(transaction=True) as pipe:
             pipe.xadd(names.mq, encode(sample))
-            pipe.hset(names.sample_states, progress.sample_id, "queued")
-            pipe.hincrby(names.accounting, "generating", -1)
-            pipe.hincrby(names.accounting, "queued", 1)
-            pipe.hincrby(names.rollouter_state, "total_generated", 1)
+            pipe.hset(names.sample_states, progress.sample_id, SampleState.QUEUED)
+            pipe.hincrby(names.accounting, AccountingField.GENERATING, -1)
+            pipe.hincrby(names.accounting, AccountingField.QUEUED, 1)
+            pipe.hincrby(names.rollouter_state, F.TOTAL_GENERATED, 1)
             await pipe.execute()
-        del self.active[progress.sample_id]
-        self.tracker.on_generated()
-        self.history.record(time.time(), len(self.active), self.max_concurrent)
+        del self.progress[progress.sample_id]
+        self.lifecycle.on_enqueued(progress.sample_id, time.time())
         await self._publish_status()
         self._changed.set()
 
@@ -190,79 +185,39 @@ class Rollouter:
 
     async def _apply(self, command: Command) -> dict[str, Any]:
         data: dict[str, Any] = {}
-        if command.action == "set_active_replicas":
-            self._set_replicas(command.value)
-            await self.bus.redis.hset(self.bus.names.rollouter_state, "num_replicas", command.value)
+        if command.action == CommandAction.SET_ACTIVE_REPLICAS:
+            self.lifecycle.set_replicas(command.value, time.time())
+            await self.bus.redis.hset(self.bus.names.rollouter_state, F.NUM_REPLICAS, command.value)
             await self._publish_status(await self._mq_size())
-            data["max_concurrent_samples"] = self.max_concurrent
-        elif command.action == "reset_staleness":
-            data = await self._reset_staleness(command.version)
+            data[F.MAX_CONCURRENT_SAMPLES] = self.lifecycle.max_concurrent
+        elif command.action == CommandAction.RESET_STALENESS:
+            mq_size = await self._mq_size()
+            data = self.lifecycle.reset(version=command.version, mq_size=mq_size, now_s=time.time())
+            await self._publish_status(mq_size)
+            await self.bus.redis.hset(self.bus.names.rollouter_state, mapping={
+                F.COMPLETED_STEPS: self.lifecycle.tracker.completed_steps, F.VERSION: command.version})
         else:
             raise ValueError(f"unknown rollouter action {command.action!r}")
         self._changed.set()
         return data
 
-    def _set_replicas(self, num_replicas: int) -> None:
-        """max_concurrent_samples is recomputed, and recorded in the utilization history, on every change."""
-        self.num_replicas = num_replicas
-        self.max_concurrent = self.limits.max_concurrent(
-            num_replicas, self.config.async_training.concurrent_samples_per_replica)
-        if self.max_concurrent:
-            self.history.set_initial_capacity(self.max_concurrent)
-        self.history.record(time.time(), len(self.active), self.max_concurrent)
-
-    async def _reset_staleness(self, version: int) -> dict[str, float]:
-        now = time.time()
-        mq_size = await self._mq_size()
-        report = self.tracker.reset(num_active=len(self.active), queue_size=mq_size, now_s=now)
-        await self._publish_status(mq_size)
-        utilization = self.history.close(now)
-        self.history.record(now, len(self.active), self.max_concurrent)
-        self.version = version
-        await self.bus.redis.hset(self.bus.names.rollouter_state, mapping={
-            "completed_steps": self.tracker.completed_steps, "version": version})
-        return {
-            "fully_async/rollouter/step_generated_samples": report.step_generated_samples,
-            "fully_async/rollouter/idle_ratio": report.idle_ratio,
-            "fully_async/rollouter/version_time_s": report.version_time_s,
-            "fully_async/rollouter/active_time_s": report.active_time_s,
-            "dynamic_resource/rollout_resource_utilization": utilization,
-            "fully_async/rollouter/idle_ratio_all_windows": report.idle_ratio_all_windows,
-            "fully_async/count/staleness_samples": report.staleness_samples,
-            "fully_async/count/total_generated_samples": self.tracker.total_generated,
-            "fully_async/count/dropped_stale_samples": self.tracker.dropped,
-            "fully_async/monitor/active_tasks_size": len(self.active),
-            "fully_async/monitor/queue/mq_queue_size": mq_size,
-            "fully_async/static/max_concurrent_samples": self.max_concurrent,
-            "fully_async/static/max_required_samples": self.limits.max_required,
-            "fully_async/static/required_samples": self.limits.required_samples,
-            "fully_async/static/max_queue_size": self.limits.max_queue_size,
-            "fully_async/static/staleness_threshold": self.limits.staleness_threshold,
-        }
-
     # -- monitor ---------------------------------------------------------------------
 
     async def _monitor(self, stop: asyncio.Event) -> None:
-        """Un-pause when the condition clears, track idle windows, publish a status snapshot."""
+        """Every ROLLOUTER_MONITOR_INTERVAL_S: the lifecycle's monitor tick, then a status snapshot."""
         while not stop.is_set():
             mq_size = await self._mq_size()
-            now = time.time()
-            if self.tracker.try_resume(mq_size):
-                self.tracker.on_idle_end(now)
+            if self.lifecycle.monitor(mq_size=mq_size, now_s=time.time()):
                 self._changed.set()
-            elif self.tracker.paused and not self.active:
-                self.tracker.on_idle_start(now)
             await self._publish_status(mq_size)
-            await sleep_unless(stop, MONITOR_INTERVAL_S)
+            await sleep_unless(stop, ROLLOUTER_MONITOR_INTERVAL_S)
 
     async def _publish_status(self, mq_size: int | None = None) -> None:
         """Snapshot for the controller (its wait for samples ends early if we are blocked) and humans.
         Written after every change of the active set, pause flag or feed, so it is never stale."""
-        status: dict[Any, Any] = {"paused": int(self.tracker.paused), "active_tasks": len(self.active),
-                  "feed_done": int(self.fed >= self.config.data.total_rollout_steps),
-                  "max_concurrent_samples": self.max_concurrent, "staleness_samples": self.tracker.staleness_samples}
+        status: dict[Any, Any] = dict(self.lifecycle.status().to_hash())
         if mq_size is not None:
-            status["mq_size"] = mq_size
+            status[F.MQ_SIZE] = mq_size
         await self.bus.redis.hset(self.bus.names.rollouter_state, mapping=status)
 
     async def _mq_size(self) -> int:
@@ -271,4 +226,4 @@ class Rollouter:
     async def _wait_for_change(self, stop: asyncio.Event) -> None:
         """Wake on a result, a command, or the monitor's un-pause (bounded, so `stop` is seen)."""
         self._changed.clear()
-        await sleep_unless(self._changed, MONITOR_INTERVAL_S)
+        await sleep_unless(self._changed, ROLLOUTER_MONITOR_INTERVAL_S)

@@ -1,17 +1,22 @@
-"""The trainer service: consumes the MessageQueue, trains micro-steps, publishes weights.
+"""The trainer service: drives `core.trainer_cycle.TrainerCycle` over Redis with a backend.
 
-Where it sits: it reads `required_samples` per micro-step from the
-MessageQueue through the trainer consumer group, and talks to the controller
-over a step-phase handshake so it never computes while hybrids hold its GPUs:
+Where it sits: the cycle decides the order (handshake, collect, train, ack, sync,
+report); this driver performs each step: it reads `required_samples` per micro-step
+from the MessageQueue through the trainer consumer group, trains on the backend, and
+talks to the controller over the step-phase handshake so it never computes while
+hybrids hold its GPUs:
 
     micro_step_start -> (controller may deactivate hybrids) -> gpus_ready
-    collect + train + ack samples
+    collected, train, ack samples
     every trigger_parameter_sync_step micro-steps:
-        weights_ready(v+1) -> (controller syncs, may ask release_gpus) -> sync_done
+        weights_ready(v+1) -> (controller syncs) -> sync_done
     micro_step_done (the step's metrics)
 
-The first sync (version 0, global_steps 0) happens before training, as in
-the original: it is the first chance to activate hybrids.
+During a sync the controller sends it commands on `trainer_commands`, served
+concurrently and acked like any peer's: RELEASE_GPUS (offload before the hybrids
+wake) and SYNC_WEIGHTS (bring replicas to the version: push over their transport,
+else or on failure the filesystem; one WeightSyncReport back). So the weight push
+is one command the trainer owns end to end.
 
 Clean stop: the current step finishes its handshake or is abandoned; unacked
 samples stay pending. Crash: samples taken but not trained are replayed from
@@ -22,24 +27,32 @@ from Redis, so training continues where it stopped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+from core import trainer_cycle as tc
 from core.flow import FlowLimits
-from core.metrics import (
-    partial_rollout_stats,
-    processing_time_stats,
-    stale_trajectory_count,
-    train_compute_time_s,
-)
+from core.metrics import partial_rollout_stats, processing_time_stats, stale_trajectory_count
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus, Subscription, text
 from shared.config import Config
-from shared.names import TRAINER_GROUP
-from shared.rpc import CommandClient
-from shared.schema import MalformedMessage, Sample, TrainerEvent, TrainerReply, decode
+from shared.names import TRAINER_GROUP, AccountingField, SampleState
+from shared.names import TrainerStateField as F
+from shared.rpc import CommandClient, CommandFailed
+from shared.schema import (
+    AuditKind,
+    Command,
+    CommandAction,
+    MalformedMessage,
+    Sample,
+    TrainerReply,
+    WeightSyncReport,
+    decode,
+)
 from shared.streams import StreamConsumer, group_lag
 
 log = logging.getLogger(__name__)
@@ -68,12 +81,16 @@ async def claim_run_id(bus: Bus) -> str:
     """This run's id (kept in trainer_state), so a restarted trainer finds its own weights and
     checkpoints, and a new run never reads an earlier run's files under the same work_dir."""
     key = bus.names.trainer_state
-    await bus.redis.hsetnx(key, "run_id", time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
-    return text(await bus.redis.hget(key, "run_id"))
+    await bus.redis.hsetnx(key, F.RUN_ID, time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    return text(await bus.redis.hget(key, F.RUN_ID))
 
 
 class StopRequested(Exception):
-    """The controller (or a signal) asked the trainer to stop."""
+    """A signal asked the trainer to stop."""
+
+
+Batch = list[tuple[bytes, Sample]]
+"""A micro-step's samples with their MessageQueue entry ids."""
 
 
 class Trainer:
@@ -81,137 +98,141 @@ class Trainer:
         self.bus = bus
         self.config = config
         self.backend = backend
-        at = config.async_training
         self.limits = FlowLimits.from_config(config)
-        self.total_micro_steps = self.limits.total_train_steps * at.trigger_parameter_sync_step
-        self.global_steps = 1
-        self.version = 0
+        self.cycle = tc.TrainerCycle(limits=self.limits, clock=time.monotonic)
         self.stale_trajectories = 0
-        self._rpc: CommandClient | None = None
+        self.transports = {r: t for r in config.standalone_ids + config.hybrid_ids
+                           if (t := config.weight_transport(r)) != "filesystem"}
+        """replica id -> its push transport; absent: filesystem only."""
+        self._rpc = CommandClient(bus)
+        self._push_rpc = CommandClient(bus, timeout_s=PUSH_CALL_TIMEOUT_S, max_attempts=1)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """1. restore progress; 2. initial sync at v0; 3. micro-steps until the configured total;
-        4. tell the controller we are done, and idle until stopped."""
+        """1. restore progress; 2. serve the controller's sync commands while 3. the cycle runs
+        (initial sync at v0, micro-steps until the configured total, done); 4. idle until stopped."""
         names = self.bus.names
         state = {text(k): text(v) for k, v in (await self.bus.redis.hgetall(names.trainer_state)).items()}
-        self.global_steps = int(state.get("global_steps", 1))
-        self.version = int(state.get("version", 0))
-        self.stale_trajectories = int(state.get("stale_trajectories", 0))
-        if self.version > 0:
+        self.cycle = tc.TrainerCycle(limits=self.limits, clock=time.monotonic,
+                                     global_steps=int(state.get(F.GLOBAL_STEPS, 1)),
+                                     version=int(state.get(F.VERSION, 0)),
+                                     initial_sync_done=state.get(F.INITIAL_SYNC_DONE) == "1")
+        self.stale_trajectories = int(state.get(F.STALE_TRAJECTORIES, 0))
+        if self.cycle.version > 0:
             resumed = await asyncio.to_thread(self.backend.resume_latest)
-            if resumed != self.version:
-                log.warning("trainer state says version %d but the newest checkpoint is %s", self.version, resumed)
+            if resumed != self.cycle.version:
+                log.warning("trainer state says version %d but the newest checkpoint is %s",
+                            self.cycle.version, resumed)
         replies = await self.bus.subscribe(names.trainer_replies, TRAINER_GROUP, CONSUMER)
+        commands = await self.bus.subscribe(names.trainer_commands, TRAINER_GROUP, CONSUMER)
         mq = StreamConsumer(self.bus.redis, stream=names.mq, group=TRAINER_GROUP, consumer=CONSUMER,
                             dead_letter_stream=names.dead_letters, lease_key_prefix=names.lease(""))
         await mq.start()
+        await self._rpc.start()
+        await self._push_rpc.start()
         try:
-            if state.get("initial_sync_done") != "1":
-                await self._sync(replies, stop, global_steps=0)
-                await self.bus.redis.hset(names.trainer_state, "initial_sync_done", 1)
-            while self.global_steps <= self.total_micro_steps and not stop.is_set():
-                await self._micro_step(replies, mq, stop)
-            if not stop.is_set():
-                await self.bus.publish(names.trainer_events, TrainerEvent(
-                    phase="done", global_steps=self.global_steps - 1, version=self.version))
-                await stop.wait()  # like every service, run until told to stop (then exit 0)
-        except StopRequested:
-            log.info("trainer stopping at global_steps=%d", self.global_steps)
+            await asyncio.gather(self._run_cycle(replies, mq, stop),
+                                 self.bus.serve_commands(commands, stop, sender=CONSUMER, apply=self._apply))
         finally:
-            await replies.close()
+            for closing in (replies, commands):
+                await closing.close()
             await mq.aclose()
-            if self._rpc is not None:
-                await self._rpc.close()
+            await self._rpc.close()
+            await self._push_rpc.close()
 
-    async def _micro_step(self, replies: Subscription, mq: StreamConsumer, stop: asyncio.Event) -> None:
-        """One fit step (reference 1.3): handshake, collect, train, ack, maybe sync, report."""
+    async def _run_cycle(self, replies: Subscription, mq: StreamConsumer, stop: asyncio.Event) -> None:
+        plan = self.cycle.run()
+        result: Any = None
+        try:
+            while not stop.is_set():
+                try:
+                    op = plan.send(result)
+                except StopIteration:
+                    await stop.wait()  # like every service, run until told to stop (then exit 0)
+                    return
+                result = await self._perform(op, replies, mq, stop)
+        except StopRequested:
+            log.info("trainer stopping at global_steps=%d", self.cycle.global_steps)
+
+    async def _perform(self, op: tc.TrainerOp, replies: Subscription, mq: StreamConsumer,
+                       stop: asyncio.Event) -> Any:
         names = self.bus.names
-        gs = self.global_steps
-        step_started = time.monotonic()
-        await self.bus.publish(names.trainer_events, TrainerEvent(phase="micro_step_start", global_steps=gs,
-                                                                  version=self.version))
-        ready = await self._await_reply(replies, stop, action="gpus_ready", global_steps=gs)
-        await asyncio.to_thread(self.backend.acquire_gpu)
-        alloc_started = time.monotonic()
-        queue_before = await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
-        required = self.limits.required_samples
-        entry_ids, samples = await self._collect(mq, required, stop)
-        gen_s = time.monotonic() - alloc_started
-        wait_samples = max(0, required - queue_before)
-        await self.bus.publish(names.trainer_events, TrainerEvent(
-            phase="collected", global_steps=gs, version=self.version,
-            data={"wait_time_s": gen_s, "wait_samples": wait_samples}))
-        await self.bus.audit(kind="phase", subject="trainer", detail=f"train_start {gs}", version=self.version)
-        timings = await asyncio.to_thread(self.backend.train_micro_step, samples)
-        await self.bus.audit(kind="phase", subject="trainer", detail=f"train_end {gs}", version=self.version)
-        await self._mark_trained(mq, entry_ids, samples)
-        mq_size = await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
-        metrics = self._sample_metrics(samples)
-        sync_s = 0.0
-        if gs % self.config.async_training.trigger_parameter_sync_step == 0:
-            self.version += 1
-            await asyncio.to_thread(self.backend.save_checkpoint, self.version)
-            sync_started = time.monotonic()
-            await self._sync(replies, stop, global_steps=gs)
-            sync_s = time.monotonic() - sync_started
-        self.global_steps += 1
-        await self.bus.redis.hset(names.trainer_state, mapping={
-            "global_steps": self.global_steps, "version": self.version,
-            "stale_trajectories": self.stale_trajectories})
-        step_s = time.monotonic() - step_started
-        metrics.update(timings)
-        metrics.update({
-            "timing_s/gen": gen_s, "timing_s/step": step_s, "timing_s/param_sync": sync_s,
-            "timing_s/wait_for_enough_samples": float(ready.data.get("wait_for_enough_samples_s", 0.0)),
-            "timing_s/deactivate": float(ready.data.get("deactivate_s", 0.0)),
-            "fully_async/total_wait_time": gen_s,
-            "fully_async/wait_samples": float(wait_samples),
-            "dynamic_resource/train_compute_time_s": train_compute_time_s(
-                {k.removeprefix("timing_s/"): v for k, v in timings.items()}),
-            "dynamic_resource/train_allocated_time_s": time.monotonic() - alloc_started,
-            "dynamic_resource/mq_size": float(mq_size),
-            "training/global_step": float(gs),
-            "fully_async/count/current_param_version": float(self.version),
-        })
-        await self.bus.publish(names.trainer_events, TrainerEvent(
-            phase="micro_step_done", global_steps=gs, version=self.version, data=metrics))
+        if isinstance(op, tc.Handshake | tc.Send):
+            await self.bus.publish(names.trainer_events, op.event)
+            if isinstance(op, tc.Handshake):
+                return await self._await_reply(replies, stop, op)
+        elif isinstance(op, tc.AcquireGpu):
+            await asyncio.to_thread(self.backend.acquire_gpu)
+        elif isinstance(op, tc.QueueSize):
+            return await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
+        elif isinstance(op, tc.Collect):
+            return await self._collect(mq, op.count, stop)
+        elif isinstance(op, tc.Train):
+            return await self._train(op.batch)
+        elif isinstance(op, tc.MarkTrained):
+            await self._mark_trained(mq, op.batch)
+        elif isinstance(op, tc.SaveCheckpoint):
+            await asyncio.to_thread(self.backend.save_checkpoint, op.version)
+        elif isinstance(op, tc.ExportWeights):
+            path = await asyncio.to_thread(self.backend.export_weights, op.version) or ""
+            # What a (re)starting rollout worker loads before it serves (see RolloutWorker.run).
+            await self.bus.redis.hset(names.trainer_state, mapping={F.WEIGHTS_VERSION: op.version,
+                                                                    F.WEIGHTS_PATH: path})
+            return path
+        elif isinstance(op, tc.SaveProgress):
+            await self.bus.redis.hset(names.trainer_state, mapping={
+                F.GLOBAL_STEPS: op.global_steps, F.VERSION: op.version,
+                F.INITIAL_SYNC_DONE: int(op.initial_sync_done),
+                F.STALE_TRAJECTORIES: self.stale_trajectories})
+        else:  # pragma: no cover - a new op needs a branch here
+            raise AssertionError(f"unhandled trainer op {op!r}")
+        return None
 
-    async def _collect(self, mq: StreamConsumer, required: int,
-                       stop: asyncio.Event) -> tuple[list[bytes], list[Sample]]:
-        """Pop `required` samples (own pending ones first after a restart); malformed ones are dead-lettered."""
-        entry_ids: list[bytes] = []
-        samples: list[Sample] = []
-        while len(samples) < required:
+    async def _collect(self, mq: StreamConsumer, required: int, stop: asyncio.Event) -> Batch:
+        """Pop `required` samples (own pending ones first after a restart); malformed ones are
+        dead-lettered."""
+        batch: Batch = []
+        while len(batch) < required:
             if stop.is_set():
                 raise StopRequested
-            for entry in await mq.read(count=required - len(samples), block_ms=200):
+            for entry in await mq.read(count=required - len(batch), block_ms=200):
                 try:
                     message = decode(entry.fields)
                 except MalformedMessage as exc:
                     await mq.dead_letter(entry, reason=f"malformed: {exc}")
                     continue
                 if isinstance(message, Sample):
-                    entry_ids.append(entry.entry_id)
-                    samples.append(message)
+                    batch.append((entry.entry_id, message))
                 else:
                     await mq.dead_letter(entry, reason=f"not a sample: {type(message).__name__}")
-        return entry_ids, samples
+        return batch
 
-    async def _mark_trained(self, mq: StreamConsumer, entry_ids: list[bytes], samples: list[Sample]) -> None:
+    async def _train(self, batch: Sequence[tuple[bytes, Sample]]) -> tc.TrainResult:
+        gs, version = self.cycle.global_steps, self.cycle.version
+        samples = [sample for _, sample in batch]
+        await self.bus.audit(kind=AuditKind.PHASE, subject="trainer", detail=f"train_start {gs}",
+                             version=version)
+        timings = await asyncio.to_thread(self.backend.train_micro_step, samples)
+        await self.bus.audit(kind=AuditKind.PHASE, subject="trainer", detail=f"train_end {gs}",
+                             version=version)
+        return tc.TrainResult(timings=timings, stats=self._sample_metrics(samples))
+
+    async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]]) -> None:
         """XACK and move the samples to 'trained' in one transaction (exactly-once accounting)."""
         names = self.bus.names
+        entry_ids = [entry_id for entry_id, _ in batch]
         async with self.bus.redis.pipeline(transaction=True) as pipe:
             pipe.xack(names.mq, TRAINER_GROUP, *entry_ids)
-            for sample in samples:
-                pipe.hset(names.sample_states, sample.sample_id, "trained")
-            pipe.hincrby(names.accounting, "queued", -len(samples))
-            pipe.hincrby(names.accounting, "trained", len(samples))
+            for _, sample in batch:
+                pipe.hset(names.sample_states, sample.sample_id, SampleState.TRAINED)
+            pipe.hincrby(names.accounting, AccountingField.QUEUED, -len(batch))
+            pipe.hincrby(names.accounting, AccountingField.TRAINED, len(batch))
             await pipe.execute()
         await mq.ack(entry_ids)  # already acked above; this only clears the consumer's hand-out record
 
     def _sample_metrics(self, samples: list[Sample]) -> dict[str, float]:
         trajectories = [t for s in samples for t in s.trajectories]
-        self.stale_trajectories += stale_trajectory_count(self.version, (t.max_version for t in trajectories))
+        self.stale_trajectories += stale_trajectory_count(self.cycle.version,
+                                                          (t.max_version for t in trajectories))
         rewards = [t.reward for t in trajectories]
         tokens = sum(len(t.response_token_ids) for t in trajectories)
         return {
@@ -223,59 +244,91 @@ class Trainer:
             "perf/total_num_tokens": float(tokens),
         }
 
-    async def _sync(self, replies: Subscription, stop: asyncio.Event, *, global_steps: int) -> None:
-        path = await asyncio.to_thread(self.backend.export_weights, self.version)
-        # What a (re)starting rollout worker loads before it serves (see RolloutWorker.run).
-        await self.bus.redis.hset(self.bus.names.trainer_state,
-                                  mapping={"weights_version": self.version, "weights_path": path or ""})
-        await self.bus.publish(self.bus.names.trainer_events, TrainerEvent(
-            phase="weights_ready", global_steps=global_steps, version=self.version, weights_path=path or ""))
-        await self._await_reply(replies, stop, action="sync_done", global_steps=global_steps)
-
-    async def _push(self, message: TrainerReply) -> None:
-        """Run the push the controller asked for and report it; on failure the controller falls
-        back to the filesystem copy this version already has."""
-        transport = str(message.data.get("transport", ""))
-        replica_ids = [str(r) for r in message.data.get("replica_ids", [])]
-        started = time.monotonic()
-        error = ""
-        try:
-            if message.data.get("version") != self.version:
-                raise ValueError(f"asked to push v{message.data.get('version')} but holds v{self.version}")
-            if self._rpc is None:
-                self._rpc = CommandClient(self.bus, timeout_s=PUSH_CALL_TIMEOUT_S, max_attempts=1)
-                await self._rpc.start()
-            beats = await self.bus.redis.mget([self.bus.names.worker_heartbeat(r) for r in replica_ids])
-            client = StreamSyncClient(rpc=self._rpc, names=self.bus.names, loop=asyncio.get_running_loop(),
-                                      replica_ids=replica_ids, version=self.version,
-                                      replica_world_size=self.config.rollout.tensor_model_parallel_size,
-                                      incarnations=tuple(text(b) if b else "" for b in beats))
-            await asyncio.to_thread(self.backend.push_weights, transport, client)
-        except Exception as exc:  # reported, not raised: the sync goes on through the filesystem
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning("%s push of v%d to %s failed: %s", transport, self.version, replica_ids, error)
-        await self.bus.publish(self.bus.names.trainer_events, TrainerEvent(
-            phase="weights_pushed", global_steps=message.global_steps, version=self.version,
-            data={"ok": not error, "error": error, "transport": transport, "replica_ids": replica_ids,
-                  "push_s": time.monotonic() - started}))
-
-    async def _await_reply(self, replies: Subscription, stop: asyncio.Event, *, action: str,
-                           global_steps: int) -> TrainerReply:
-        """Wait for the controller's `action` for this step; serve release_gpus requests meanwhile."""
+    async def _await_reply(self, replies: Subscription, stop: asyncio.Event,
+                           op: tc.Handshake) -> TrainerReply:
+        """Wait for the controller's answer to this handshake (a stale answer to an earlier one is
+        skipped)."""
+        action = tc.REPLY_TO[op.event.phase]
         while True:
             if stop.is_set():
                 raise StopRequested
             for entry_id, message in await replies.read(count=8, block_ms=200):
                 await replies.ack(entry_id)
-                if not isinstance(message, TrainerReply):
-                    continue
-                if message.action == "stop":
-                    raise StopRequested
-                if message.action == "release_gpus":
-                    await asyncio.to_thread(self.backend.release_gpu)
-                    await self.bus.publish(self.bus.names.trainer_events, TrainerEvent(
-                        phase="gpus_released_ack", global_steps=message.global_steps, version=self.version))
-                elif message.action == "push_weights":
-                    await self._push(message)
-                elif message.action == action and message.global_steps == global_steps:
+                if (isinstance(message, TrainerReply) and message.action == action
+                        and message.global_steps == op.event.global_steps):
                     return message
+
+    # -- commands from the controller during a sync ------------------------------------
+
+    async def _apply(self, command: Command) -> dict[str, Any]:
+        if command.action == CommandAction.RELEASE_GPUS:
+            await asyncio.to_thread(self.backend.release_gpu)
+            return {}
+        if command.action == CommandAction.SYNC_WEIGHTS:
+            try:
+                report = await self.sync_replicas(tuple(command.replica_ids), command.version,
+                                                  command.weights_path)
+            except CommandFailed as exc:  # a worker rejected or never acked its reload: a failed sync
+                raise ValueError(str(exc)) from exc
+            return dataclasses.asdict(report)
+        raise ValueError(f"unknown trainer action {command.action!r}")
+
+    async def sync_replicas(self, replica_ids: tuple[str, ...], version: int,
+                            weights_path: str) -> WeightSyncReport:
+        """Push when these replicas share a push transport and all are alive; otherwise, or when
+        the push fails, every replica reloads `version` from the filesystem."""
+        transports = {self.transports.get(r, "") for r in replica_ids}
+        transport = transports.pop() if len(transports) == 1 else ""
+        alive = await self._alive(replica_ids)
+        pushed = bool(transport and replica_ids and all(alive))
+        error, push_s = "", 0.0
+        if pushed:
+            started = time.monotonic()
+            error = await self._push(replica_ids, version, transport)
+            push_s = time.monotonic() - started
+            if not error:
+                return WeightSyncReport(replica_ids=list(replica_ids), version=version, transport=transport,
+                                        pushed=True, push_s=push_s)
+            log.warning("%s push of v%d to %s failed (%s): falling back to the filesystem", transport,
+                        version, list(replica_ids), error)
+        await self._load_from_filesystem(replica_ids, alive, version, weights_path)
+        return WeightSyncReport(replica_ids=list(replica_ids), version=version,
+                                transport=transport if pushed else "", pushed=pushed, ok=not error,
+                                error=error, push_s=push_s)
+
+    async def _push(self, replica_ids: tuple[str, ...], version: int, transport: str) -> str:
+        """Push the held weights over `transport`; '' on success, else the error."""
+        try:
+            if version != self.cycle.version:
+                raise ValueError(f"asked to push v{version} but holds v{self.cycle.version}")
+            beats = await self.bus.redis.mget([self.bus.names.worker_heartbeat(r) for r in replica_ids])
+            client = StreamSyncClient(rpc=self._push_rpc, names=self.bus.names,
+                                      loop=asyncio.get_running_loop(), replica_ids=list(replica_ids),
+                                      version=version,
+                                      replica_world_size=self.config.rollout.tensor_model_parallel_size,
+                                      incarnations=tuple(text(b) if b else "" for b in beats))
+            await asyncio.to_thread(self.backend.push_weights, transport, client)
+        except Exception as exc:  # reported, not raised: the sync goes on through the filesystem
+            return f"{type(exc).__name__}: {exc}"
+        return ""
+
+    async def _alive(self, replica_ids: tuple[str, ...]) -> list[bool]:
+        """Which of `replica_ids` have a worker heartbeat, in order (one round trip)."""
+        async with self.bus.redis.pipeline(transaction=False) as pipe:
+            for replica_id in replica_ids:
+                pipe.exists(self.bus.names.worker_heartbeat(replica_id))
+            return [bool(n) for n in await pipe.execute()]
+
+    async def _load_from_filesystem(self, replica_ids: tuple[str, ...], alive: list[bool], version: int,
+                                    weights_path: str) -> None:
+        """Send update_weights to every replica; wait for the acks of live ones only. A replica whose
+        heartbeat expired gets the command too (replayed when it restarts) but is not waited for."""
+        names = self.bus.names
+        action = CommandAction.UPDATE_WEIGHTS
+        for replica_id, is_alive in zip(replica_ids, alive, strict=True):
+            if not is_alive:
+                log.warning("replica %s has no heartbeat: update_weights sent, not awaited", replica_id)
+                await self._rpc.send(names.worker_commands(replica_id), action, version=version,
+                                     weights_path=weights_path)
+        live = [names.worker_commands(r) for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
+        await self._rpc.call_many(live, action, version=version, weights_path=weights_path)

@@ -14,7 +14,8 @@ from typing import Any
 from shared.config import Config
 
 # Share of a micro-step's compute per timing key (the original's training phases).
-_PHASE_SHARES = {"timing_s/reward": 0.05, "timing_s/ref": 0.15, "timing_s/adv": 0.02, "timing_s/update_actor": 0.78}
+_PHASE_SHARES = {"timing_s/reward": 0.05, "timing_s/ref": 0.15, "timing_s/adv": 0.02,
+                 "timing_s/update_actor": 0.78}
 
 
 class SimTrainer:

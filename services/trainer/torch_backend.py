@@ -254,7 +254,8 @@ class TorchGRPOTrainer:
                 world_size = 1 + len(client.replica_ids) * client.replica_world_size  # trainer = rank 0
                 engine = weight_transfer.trainer_engine(
                     transport, client=client, module=self.model, world_size=world_size,
-                    master_address=self.config.transfer_address, master_port=free_port(""))  # "": workers on other hosts connect
+                    # "": bind every interface, so workers on other hosts connect
+                    master_address=self.config.transfer_address, master_port=free_port(""))
             engine.client = client  # this push's version
             t0 = time.monotonic()
             engine.send_weights()

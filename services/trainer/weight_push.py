@@ -1,7 +1,8 @@
 """The trainer's end of a weight push: vLLM's weight-sync client over worker command streams.
 
-Where it sits: when the controller asks for a push (TrainerReply `push_weights`), the trainer
-runs vLLM's trainer-side transfer engine (shared/weight_transfer.py) in a thread; the engine
+Where it sits: when the controller asks the trainer to sync replicas that have a push
+transport (command `sync_weights` on `trainer:commands`), the trainer runs vLLM's
+trainer-side transfer engine (shared/weight_transfer.py) in a thread; the engine
 drives the inference side through a client with four calls (vLLM's `VLLMWeightSyncClient`).
 This client sends each call as a command to every target worker (`weights_init`,
 `weights_start`, `weights_update`, `weights_finish`) and returns when all have acked, so the
@@ -10,7 +11,7 @@ order vLLM's engine relies on holds (e.g. every worker has started before any up
 The commands go out on the trainer's event loop; the calls block the transfer thread only.
 A call is sent once (not retried: a resent update would wait for a broadcast that never
 comes); a worker that fails, does not answer within the timeout, or dies meanwhile (its
-heartbeat expires or changes) fails the push, and the controller falls back to the filesystem.
+heartbeat expires or changes) fails the push, and the trainer falls back to the filesystem.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Bookkeeping of the samples a rollouter is generating, and partial-rollout retries.
 
-Where it sits: inside the rollouter service, between the results it reads
-and the requests it sends. Pure (no I/O, no clock): `apply` turns one
+Where it sits: inside the rollouter (`core.sample_lifecycle` counts the samples,
+this module follows each one's trajectories), between the results it reads and
+the requests it sends. Pure (no I/O, no clock): `apply` turns one
 GenerateResult into the next action: nothing (stale duplicate), a retry
 request (aborted or rejected: continue from prompt + partial tokens with the
 remaining budget, same request id so the sticky route holds), or "trajectory
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.schema import GenerateRequest, GenerateResult, Trajectory
+from shared.schema import FinishReason, GenerateRequest, GenerateResult, Trajectory
 
-FINISHED = ("stop", "length")
-RETRYABLE = ("abort", "rejected")
+FINISHED = (FinishReason.STOP, FinishReason.LENGTH)
+RETRYABLE = (FinishReason.ABORT, FinishReason.REJECTED)
 
 
 @dataclass
@@ -79,10 +80,10 @@ class SampleProgress:
         traj.generation_time_s += result.generation_time_s
         remaining = traj.max_tokens - len(traj.token_ids)
         if result.finish_reason in FINISHED or remaining <= 0:
-            traj.finish_reason = "length" if remaining <= 0 else result.finish_reason
+            traj.finish_reason = FinishReason.LENGTH if remaining <= 0 else result.finish_reason
             return None
-        if result.finish_reason == "abort" and not partial_rollout:
-            traj.finish_reason = "abort"  # truncated, as the original without partial rollout
+        if result.finish_reason == FinishReason.ABORT and not partial_rollout:
+            traj.finish_reason = FinishReason.ABORT  # truncated, as the original without partial rollout
             return None
         if result.finish_reason not in RETRYABLE:
             raise ValueError(f"unknown finish_reason {result.finish_reason!r} for {result.request_id}")

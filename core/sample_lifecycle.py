@@ -1,0 +1,187 @@
+"""The rollouter's sample lifecycle: feed, pause latch, concurrency, monitor, enqueue, reset. Pure.
+
+Where it sits: between the prompt feed and the MessageQueue. The rollouter service
+(`services/rollouter`) drives it over Redis and the simulator (`sim/rollouter.py`) on its
+virtual clock; both make every decision here, so they pause, resume, queue and report
+alike. Time is passed in as `now_s`; the MessageQueue size as `mq_size` (samples queued and
+not yet taken by the trainer). Per-trajectory progress (partial resume, retries) is
+`core.sample_progress`.
+
+A sample's life (`SampleState` in the accounting):
+
+    next_sample (fed: generating) -> on_enqueued (queued) -> trained by the trainer
+
+Nothing is ever dropped: the MessageQueue is bounded by backpressure only (the feed pauses
+at max_queue_size and at the staleness limit; samples in flight still land in the queue).
+
+Rules (reference 1.1, with the services' choices):
+- the feed checks the pause condition and a free concurrency slot *before* taking a prompt,
+  and a taken prompt counts toward staleness at once;
+- the pause latches: only the monitor (every tick of its driver's monitor) or a reset un-pauses;
+- an idle window opens when the monitor sees the feed paused with nothing generating, and
+  closes when the feed resumes or the version ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.flow import FlowLimits, StalenessTracker
+from core.metrics import UtilizationHistory
+from shared.names import RolloutStateField as F
+
+
+def sample_id_at(index: int) -> str:
+    """The stable id of the prompt fed at position `index`."""
+    return f"sample_0_{index}"
+
+
+def sample_index(sample_id: str) -> int:
+    return int(sample_id.rsplit("_", 1)[1])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RolloutStatus:
+    """The rollouter's status snapshot (the `rollouter_state` hash): what the controller reads."""
+
+    paused: bool
+    active_tasks: int
+    feed_done: bool
+    max_concurrent_samples: int = 0
+    staleness_samples: int = 0
+
+    @property
+    def stalled(self) -> bool:
+        """No more samples will come without a sync: paused (or fed out) with nothing generating."""
+        return (self.paused or self.feed_done) and self.active_tasks == 0
+
+    def to_hash(self) -> dict[str, int]:
+        return {F.PAUSED: int(self.paused), F.ACTIVE_TASKS: self.active_tasks,
+                F.FEED_DONE: int(self.feed_done), F.MAX_CONCURRENT_SAMPLES: self.max_concurrent_samples,
+                F.STALENESS_SAMPLES: self.staleness_samples}
+
+    @classmethod
+    def from_hash(cls, state: dict[str, str]) -> RolloutStatus:
+        """From the decoded hash; a rollouter that never wrote one reads as generating."""
+        return cls(paused=state.get(F.PAUSED) == "1", active_tasks=int(state.get(F.ACTIVE_TASKS, 1)),
+                   feed_done=state.get(F.FEED_DONE) == "1",
+                   max_concurrent_samples=int(state.get(F.MAX_CONCURRENT_SAMPLES, 0)),
+                   staleness_samples=int(state.get(F.STALENESS_SAMPLES, 0)))
+
+
+class SampleLifecycle:
+    """Which prompt to start next, and the staleness, utilization and idle bookkeeping around it."""
+
+    def __init__(self, *, limits: FlowLimits, concurrent_samples_per_replica: int, now_s: float) -> None:
+        self.limits = limits
+        self.concurrent_samples_per_replica = concurrent_samples_per_replica
+        self.tracker = StalenessTracker(limits=limits, now_s=now_s)
+        self.history = UtilizationHistory(t0=now_s)
+        """(time, active samples, capacity) since the last reset (section 4.2)."""
+        self.active: set[str] = set()
+        """Samples generating (fed, not yet queued)."""
+        self.fed = 0
+        self.num_replicas = 0
+        self.max_concurrent = 0
+        self.version = 0
+        self.idle = False
+
+    # ---- restart ----
+
+    def restore(self, *, fed: int, total_generated: int, completed_steps: int, version: int) -> None:
+        """Counters read back after a restart."""
+        self.fed = fed
+        self.tracker.total_generated = total_generated
+        self.tracker.completed_steps = completed_steps
+        self.version = version
+
+    def adopt(self, sample_id: str, now_s: float) -> None:
+        """A sample still generating when the previous rollouter stopped is generated again."""
+        self.active.add(sample_id)
+        self._record(now_s)
+
+    # ---- feed ----
+
+    @property
+    def feed_done(self) -> bool:
+        return self.fed >= self.limits.total_rollout_steps
+
+    def next_sample(self, *, mq_size: int, now_s: float) -> str | None:
+        """The feed's step: latch the pause, then take the next prompt if a slot is free.
+        None: paused, no free slot, or the feed is exhausted (wait for a change)."""
+        if self.feed_done:
+            return None
+        if self.tracker.check_pause(mq_size) or len(self.active) >= self.max_concurrent:
+            return None
+        sample_id = sample_id_at(self.fed)
+        self.fed += 1
+        self.tracker.on_submit()
+        self.active.add(sample_id)
+        self._record(now_s)
+        return sample_id
+
+    def on_enqueued(self, sample_id: str, now_s: float) -> None:
+        """Every trajectory finished and the sample was written to the MessageQueue."""
+        self.active.discard(sample_id)
+        self.tracker.on_generated()
+        self._record(now_s)
+
+    # ---- replicas, monitor, sync ----
+
+    def set_replicas(self, num_replicas: int, now_s: float) -> None:
+        """max_concurrent_samples is recomputed, and recorded in the utilization history, on every change."""
+        self.num_replicas = num_replicas
+        self.max_concurrent = self.limits.max_concurrent(num_replicas, self.concurrent_samples_per_replica)
+        if self.max_concurrent:
+            self.history.set_initial_capacity(self.max_concurrent)
+        self._record(now_s)
+
+    def monitor(self, *, mq_size: int, now_s: float) -> bool:
+        """The monitor's tick: un-pause when the condition cleared (True: the feed may go on);
+        open an idle window when paused with nothing generating."""
+        if self.tracker.try_resume(mq_size):
+            self._end_idle(now_s)
+            return True
+        if self.tracker.paused and not self.active and not self.idle:
+            self.idle = True
+            self.tracker.on_idle_start(now_s)
+        return False
+
+    def reset(self, *, version: int, mq_size: int, now_s: float) -> dict[str, float]:
+        """`reset_staleness`: version `version` is live; returns the version's rollouter metrics."""
+        self._end_idle(now_s)
+        report = self.tracker.reset(num_active=len(self.active), queue_size=mq_size, now_s=now_s)
+        utilization = self.history.close(now_s)
+        self.version = version
+        limits = self.limits
+        return {
+            "fully_async/rollouter/step_generated_samples": report.step_generated_samples,
+            "fully_async/rollouter/idle_ratio": report.idle_ratio,
+            "fully_async/rollouter/version_time_s": report.version_time_s,
+            "fully_async/rollouter/active_time_s": report.active_time_s,
+            "dynamic_resource/rollout_resource_utilization": utilization,
+            "fully_async/rollouter/idle_ratio_all_windows": report.idle_ratio_all_windows,
+            "fully_async/count/staleness_samples": report.staleness_samples,
+            "fully_async/count/total_generated_samples": self.tracker.total_generated,
+            "fully_async/count/dropped_stale_samples": self.tracker.dropped,
+            "fully_async/monitor/active_tasks_size": len(self.active),
+            "fully_async/monitor/queue/mq_queue_size": mq_size,
+            "fully_async/static/max_concurrent_samples": self.max_concurrent,
+            "fully_async/static/max_required_samples": limits.max_required,
+            "fully_async/static/required_samples": limits.required_samples,
+            "fully_async/static/max_queue_size": limits.max_queue_size,
+            "fully_async/static/staleness_threshold": limits.staleness_threshold,
+        }
+
+    def status(self) -> RolloutStatus:
+        return RolloutStatus(paused=self.tracker.paused, active_tasks=len(self.active),
+                             feed_done=self.feed_done, max_concurrent_samples=self.max_concurrent,
+                             staleness_samples=self.tracker.staleness_samples)
+
+    def _end_idle(self, now_s: float) -> None:
+        if self.idle:
+            self.idle = False
+            self.tracker.on_idle_end(now_s)
+
+    def _record(self, now_s: float) -> None:
+        self.history.record(now_s, len(self.active), self.max_concurrent)

@@ -1,0 +1,188 @@
+"""Pure unit tests of the sans-I/O orchestration objects: core.executor, core.trainer_cycle,
+core.sample_lifecycle (no Redis, no clock: every result and every time is given)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core import executor as ex
+from core import trainer_cycle as tc
+from core.flow import FlowLimits
+from core.sample_lifecycle import RolloutStatus, SampleLifecycle
+from shared.schema import AuditKind, CommandAction, TrainerAction, TrainerEvent, TrainerPhase, TrainerReply
+from shared.schema import WeightSyncReport as Report
+from tests.test_controller_core import H, S, SpyPolicy, make_core
+
+# ---- core.executor -----------------------------------------------------------------------------
+
+
+class Peers:
+    """Answers ops like healthy peers would, and records them; `sync_reports` answers SyncReplicas."""
+
+    def __init__(self, *, sync_reports: list[Report] | None = None) -> None:
+        self.ops: list[ex.Op] = []
+        self.members: list[str] = list(S)
+        self.sync_reports = sync_reports
+
+    def __call__(self, op: ex.Op) -> Any:
+        self.ops.append(op)
+        if isinstance(op, ex.SetMembers):
+            ids = [r for r in self.members if r not in op.replica_ids]
+            self.members = ids + list(op.replica_ids) if op.add else ids
+            return tuple(self.members)
+        if isinstance(op, ex.ReadProgress):
+            return ex.RolloutProgress(total_generated=0, completed_steps=1)
+        if isinstance(op, ex.SyncReplicas):
+            if self.sync_reports:
+                return self.sync_reports.pop(0)
+            return Report(replica_ids=list(op.replica_ids), version=op.version)
+        if isinstance(op, ex.ResetRollouter):
+            return {"fully_async/rollouter/idle_ratio": 0.25}
+        return None
+
+    def without_audits(self) -> list[ex.Op]:
+        return [op for op in self.ops if not isinstance(op, ex.Audit)]
+
+
+def weights_ready(version: int) -> TrainerEvent:
+    return TrainerEvent(phase=TrainerPhase.WEIGHTS_READY, global_steps=version, version=version,
+                        weights_path=f"/w/{version}")
+
+
+def test_an_activating_sync_syncs_standalones_then_releases_the_trainer_then_wakes_hybrids() -> None:
+    executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=True)), clock=lambda: 0.0)
+    peers = Peers()
+    reply = ex.drive(executor.on_weights_ready(weights_ready(1)), peers)
+    assert reply == TrainerReply(action=TrainerAction.SYNC_DONE, global_steps=1, activated=True)
+    assert peers.without_audits() == [
+        ex.ReadProgress(), ex.Checkpoint(),
+        ex.SyncReplicas(replica_ids=S, version=1, weights_path="/w/1"),
+        ex.ReleaseTrainer(),
+        ex.WorkerCall(replica_ids=H, action=CommandAction.WAKE),
+        ex.SyncReplicas(replica_ids=H, version=1, weights_path="/w/1"),
+        ex.SetMembers(replica_ids=H, add=True), ex.SetActiveReplicas(num_replicas=3),
+        ex.WorkerCall(replica_ids=H, action=CommandAction.RESUME),
+        ex.ClearSticky(),
+        ex.WorkerCall(replica_ids=S + H, action=CommandAction.ABORT),
+        ex.WorkerCall(replica_ids=S + H, action=CommandAction.RESUME),
+        ex.ResetRollouter(version=1),
+    ]
+    assert executor.serving_hybrids == H
+    assert executor.last_report.cycle_metrics()["fully_async/rollouter/idle_ratio"] == 0.25
+
+
+def test_a_sync_that_keeps_hybrids_asleep_syncs_only_the_standalones_and_never_releases_the_trainer() -> None:
+    executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=False)), clock=lambda: 0.0)
+    peers = Peers()
+    reply = ex.drive(executor.on_weights_ready(weights_ready(1)), peers)
+    assert reply.activated is False
+    assert peers.without_audits() == [ex.ReadProgress(), ex.Checkpoint(),
+                                      ex.SyncReplicas(replica_ids=S, version=1, weights_path="/w/1"),
+                                      ex.ResetRollouter(version=1)]
+
+
+def test_a_failed_push_counts_one_push_and_one_fallback_and_is_audited_with_its_error() -> None:
+    failed = Report(replica_ids=list(S), version=1, transport="gloo", pushed=True, ok=False,
+                    error="ValueError: no", push_s=0.5)
+    executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=False)), clock=lambda: 0.0)
+    peers = Peers(sync_reports=[failed])
+    ex.drive(executor.on_weights_ready(weights_ready(1)), peers)
+    metrics = executor.last_report.cycle_metrics()
+    assert (metrics["weights/pushes"], metrics["weights/push_fallbacks"]) == (1.0, 1.0)
+    [push] = [op for op in peers.ops if isinstance(op, ex.Audit) and op.kind is AuditKind.PUSH]
+    assert push == ex.Audit(kind=AuditKind.PUSH, version=1,
+                            detail="gloo ['standalone_0'] failed: ValueError: no 0.500s")
+
+
+def test_a_micro_step_with_active_hybrids_waits_then_removes_aborts_and_sleeps_them_in_order() -> None:
+    executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=True, wait=7)), clock=lambda: 0.0)
+    ex.drive(executor.on_weights_ready(weights_ready(0)), Peers())
+    peers = Peers()
+    peers.members = list(S + H)
+    event = TrainerEvent(phase=TrainerPhase.MICRO_STEP_START, global_steps=1, version=0)
+    reply = ex.drive(executor.on_micro_step_start(event), peers)
+    assert reply.action is TrainerAction.GPUS_READY
+    assert peers.without_audits() == [
+        ex.Checkpoint(), ex.AwaitSamples(min_queue_size=7),
+        ex.SetMembers(replica_ids=H, add=False), ex.SetActiveReplicas(num_replicas=1),
+        ex.WorkerCall(replica_ids=H, action=CommandAction.ABORT),
+        ex.WorkerCall(replica_ids=H, action=CommandAction.SLEEP),
+    ]
+    assert executor.serving_hybrids == ()
+
+
+# ---- core.trainer_cycle ------------------------------------------------------------------------
+
+
+def test_the_trainer_cycle_syncs_first_then_trains_and_syncs_every_trigger_micro_steps() -> None:
+    limits = FlowLimits(ppo_mini_batch_size=2, require_batches=1, trigger_parameter_sync_step=2,
+                        staleness_threshold=0.0, total_rollout_steps=4)
+    cycle = tc.TrainerCycle(limits=limits, clock=lambda: 0.0)
+    ops: list[tc.TrainerOp] = []
+
+    def perform(op: tc.TrainerOp) -> Any:
+        ops.append(op)
+        if isinstance(op, tc.Handshake):
+            return TrainerReply(action=tc.REPLY_TO[op.event.phase], global_steps=op.event.global_steps)
+        if isinstance(op, tc.QueueSize):
+            return 1
+        if isinstance(op, tc.Collect):
+            return ["s"] * op.count
+        if isinstance(op, tc.Train):
+            return tc.TrainResult(timings={"timing_s/update_actor": 1.0})
+        if isinstance(op, tc.ExportWeights):
+            return f"/w/{op.version}"
+        return None
+
+    ex.drive(cycle.run(), perform)  # type: ignore[arg-type]
+    phases = [(op.event.phase, op.event.global_steps, op.event.version) for op in ops
+              if isinstance(op, tc.Handshake | tc.Send)]
+    P = TrainerPhase
+    assert phases == [(P.WEIGHTS_READY, 0, 0),
+                      (P.MICRO_STEP_START, 1, 0), (P.COLLECTED, 1, 0), (P.MICRO_STEP_DONE, 1, 0),
+                      (P.MICRO_STEP_START, 2, 0), (P.COLLECTED, 2, 0), (P.WEIGHTS_READY, 2, 1),
+                      (P.MICRO_STEP_DONE, 2, 1), (P.DONE, 2, 1)]
+    collected = [op.event for op in ops if isinstance(op, tc.Send) and op.event.phase is P.COLLECTED]
+    assert [e.wait_samples for e in collected] == [1, 1]  # required 2, one queued at the start
+    done = [op.event for op in ops if isinstance(op, tc.Send) and op.event.phase is P.MICRO_STEP_DONE]
+    assert done[0].stats["dynamic_resource/train_compute_time_s"] == 1.0
+    assert ops.index(tc.SaveCheckpoint(version=1)) < ops.index(tc.ExportWeights(version=1))
+
+
+# ---- core.sample_lifecycle ---------------------------------------------------------------------
+
+
+def lifecycle(*, total: int = 100) -> SampleLifecycle:
+    limits = FlowLimits(ppo_mini_batch_size=2, require_batches=1, trigger_parameter_sync_step=2,
+                        staleness_threshold=0.5, total_rollout_steps=total)  # max_required = 6
+    life = SampleLifecycle(limits=limits, concurrent_samples_per_replica=4, now_s=0.0)
+    life.set_replicas(2, 0.0)
+    return life
+
+
+def test_the_feed_stops_at_the_staleness_limit_and_only_the_monitor_or_a_reset_resumes_it() -> None:
+    life = lifecycle()
+    started = [life.next_sample(mq_size=0, now_s=1.0) for _ in range(7)]
+    assert started[:6] == [f"sample_0_{i}" for i in range(6)] and started[6] is None
+    assert life.tracker.paused
+    for sample_id in started[:6]:
+        life.on_enqueued(sample_id, 2.0)  # queued: never dropped, whatever the queue size
+    assert life.next_sample(mq_size=6, now_s=2.0) is None  # latched
+    assert life.monitor(mq_size=6, now_s=2.1) is False
+    assert life.status() == RolloutStatus(paused=True, active_tasks=0, feed_done=False,
+                                          max_concurrent_samples=6, staleness_samples=6)
+    assert life.status().stalled
+    report = life.reset(version=1, mq_size=2, now_s=4.0)
+    assert report["fully_async/rollouter/step_generated_samples"] == 6
+    assert report["fully_async/rollouter/idle_ratio"] == 1 - 2.1 / 4.0  # idle from the monitor's tick
+    assert life.next_sample(mq_size=2, now_s=4.0) == "sample_0_6"
+
+
+def test_the_feed_never_exceeds_max_concurrent_and_ends_at_total_rollout_steps() -> None:
+    life = lifecycle(total=3)
+    life.set_replicas(0, 0.0)
+    assert life.next_sample(mq_size=0, now_s=0.0) is None and not life.tracker.paused
+    life.set_replicas(1, 0.0)
+    assert [life.next_sample(mq_size=0, now_s=0.0) for _ in range(4)] == [
+        "sample_0_0", "sample_0_1", "sample_0_2", None]
+    assert life.feed_done and not life.status().stalled
