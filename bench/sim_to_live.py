@@ -51,7 +51,8 @@ def planned(config_path: Path) -> dict[str, float]:
 def live(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, float]:
     config = load_config(config_path)
     summary = run_job(config_path, out_dir, fresh=True, progress=False, timeout_s=timeout_s)
-    lines = [json.loads(text) for text in (out_dir / "metrics.jsonl").read_text().splitlines() if text.strip()]
+    text = (out_dir / "metrics.jsonl").read_text()
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
     times = [line["t"] / config.run.time_scale for line in lines]
     return _story(times, [line["dynamic_resource/mq_size"] for line in lines],
                   int(summary["switches"]["activations"] or 0))
@@ -86,7 +87,8 @@ def format_row(row: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", action="append", default=[], help="configs (default: the seed-shaped sim_*)")
+    parser.add_argument("--config", action="append", default=[],
+                        help="configs (default: the seed-shaped sim_*)")
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -99,7 +99,8 @@ def decode_timing(phys: PhysicsConfig, tp: int, *, efficiency: float | None = No
     free_bytes = phys.gpu_memory_utilization * acc.hbm_gb * 1e9 - weight_bytes
     if free_bytes <= 0:
         raise PhysicsError(f"simulator.physics.gpu_memory_utilization={phys.gpu_memory_utilization} is "
-                           f"invalid: the weights ({weight_bytes / 1e9:.1f} GB per GPU at TP{tp}) do not fit in it")
+                           f"invalid: the weights ({weight_bytes / 1e9:.1f} GB per GPU at TP{tp}) do not "
+                           f"fit in it")
     capacity = free_bytes / kv_bytes if kv_bytes > 0 else float("inf")
     prefill_rate = tp * acc.bf16_tflops * 1e12 * phys.prefill_mfu / (2.0 * m.active_params_b * 1e9)
     a = phys.decode_tokens_per_step  # speculative decoding: one step's reads serve `a` tokens
@@ -181,7 +182,8 @@ def physics_report(phys: PhysicsConfig, *, tp: int, max_running: int, mean_conte
         lines.append(f"  published (engine class): batch-1 step {phys.reference_decode_step_s * 1e3:.1f} ms"
                      f"{ref_frac}: {phys.reference_decode}")
     lines.append(f"training: scaling-part MFU {phys.train_mfu:.3f} "
-                 f"({phys.train_flops_per_param_token:g} FLOPs per active parameter per token), non-scaling {phys.train_non_scaling_s:.1f} s per micro-step")
+                 f"({phys.train_flops_per_param_token:g} FLOPs per active parameter per token), "
+                 f"non-scaling {phys.train_non_scaling_s:.1f} s per micro-step")
     for row in rows:
         flops = train_flops_per_token(phys) * row.tokens_per_step
         mfu = flops / (row.train_gpus * acc.bf16_tflops * 1e12 * row.update_s)

@@ -272,7 +272,8 @@ def _trainer(config: Config, samples_per_micro_step: int) -> TrainerTiming:
     per_sample_s = samples_per_micro_step * config.trainer.time_per_sample_s / config.trainer.num_gpus
     phys = config.simulator.physics
     if phys is not None:  # the scaling part from the MFU, all of the rest in the fitted non-scaling part
-        return TrainerTiming(seconds_per_ktoken=trainer_s_per_ktoken(phys, config.simulator.trainer_unit_gpus),
+        unit_gpus = config.simulator.trainer_unit_gpus
+        return TrainerTiming(seconds_per_ktoken=trainer_s_per_ktoken(phys, unit_gpus),
                              fixed_s_per_micro_step=phys.train_non_scaling_s + per_sample_s,
                              scaling_efficiency=1.0,
                              collect_s=token_model.collect_s_per_micro_step)
