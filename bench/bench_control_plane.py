@@ -44,6 +44,7 @@ from shared.bus import Bus
 from shared.config import Config, config_from_dict
 from shared.names import Names
 from shared.rpc import CommandClient
+from shared.schema import CommandAction
 from shared.streams import connect
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +66,8 @@ def percentiles_ms(values_s: list[float]) -> dict[str, float]:
     def rank(q: float) -> float:
         return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))] * 1e3
 
-    return {"n": len(ordered), "p50_ms": rank(0.50), "p99_ms": rank(0.99), "mean_ms": sum(ordered) / len(ordered) * 1e3,
+    return {"n": len(ordered), "p50_ms": rank(0.50), "p99_ms": rank(0.99),
+            "mean_ms": sum(ordered) / len(ordered) * 1e3,
             "max_ms": ordered[-1] * 1e3}
 
 
@@ -89,7 +91,8 @@ def bench_config(*, namespace: str, time_scale: float, sleep_s: float, wake_s: f
 
 
 @contextmanager
-def service_processes(config_dict: dict[str, Any], redis_url: str, *, services: tuple[str, ...]) -> Iterator[Path]:
+def service_processes(config_dict: dict[str, Any], redis_url: str, *,
+                      services: tuple[str, ...]) -> Iterator[Path]:
     """Start `python -m services.<name>` for each of `services` ("rollout_worker" = one per replica),
     as the launcher does; SIGTERM (then SIGKILL) them on exit. Yields the log dir."""
     config = config_from_dict(config_dict)
@@ -128,13 +131,15 @@ async def wait_ready(bus: Bus, config: Config, *, timeout_s: float = STARTUP_TIM
     while time.monotonic() < deadline:
         beats = [await bus.redis.exists(names.worker_heartbeat(r))
                  for r in config.standalone_ids + config.hybrid_ids]
-        if all(beats) and await bus.redis.exists(names.lb_members) and await bus.redis.exists(names.rollouter_state):
+        ready = await bus.redis.exists(names.lb_members, names.rollouter_state) == 2
+        if all(beats) and ready:
             return
         await asyncio.sleep(0.05)
     raise TimeoutError(f"services not ready after {timeout_s} s")
 
 
-def engine_time_s(command: cc.Command, sim: dict[str, float], time_scale: float, standalone_ids: tuple[str, ...]) -> float:
+def engine_time_s(command: cc.Command, sim: dict[str, float], time_scale: float,
+                  standalone_ids: tuple[str, ...]) -> float:
     """Wall seconds the sim engines themselves spend on `command` (replicas run in parallel)."""
     if isinstance(command, cc.SleepReplicas):
         return sim["sleep_s"] * time_scale
@@ -165,14 +170,17 @@ async def run_switches(config: Config, redis_url: str, *, num_switches: int, dwe
     try:
         await wait_ready(bus, config)
         await rpc.start()
-        await rpc.call(bus.names.rollouter_commands, "set_active_replicas", value=len(standalones))
+        await rpc.call(bus.names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS,
+                       value=len(standalones))
         await asyncio.sleep(dwell_s)
         for i in range(num_switches):
             step = 2 * i + 1
             core.force(True)
-            activate = core.begin_sync(global_steps=step, version=i + 1, total_generated_samples=0, completed_steps=1)
+            activate = core.begin_sync(global_steps=step, version=i + 1, total_generated_samples=0,
+                                       completed_steps=1)
             assert core.mode is cc.Mode.ACTIVATING, f"forced activation did not activate: {core.mode}"
-            rows["activate"].append(await timed(executor, activate, per_command, sim, scale, standalones, "activate"))
+            rows["activate"].append(await timed(executor, activate, per_command, sim, scale, standalones,
+                                                "activate"))
             core.finish_activate(rows["activate"][-1]["switch_s"])
             core.finish_sync(step)
             await asyncio.sleep(dwell_s)
@@ -200,7 +208,8 @@ async def run_switches(config: Config, redis_url: str, *, num_switches: int, dwe
 
 
 async def timed(executor: Executor, commands: list[cc.Command], per_command: dict[str, list[float]],
-                sim: dict[str, float], scale: float, standalones: tuple[str, ...], prefix: str) -> dict[str, float]:
+                sim: dict[str, float], scale: float, standalones: tuple[str, ...],
+                prefix: str) -> dict[str, float]:
     """Run `commands` in order through the executor, one by one, timing each."""
     row = {"switch_s": 0.0, "modelled_s": 0.0, "other_s": 0.0}
     for command in commands:
@@ -220,7 +229,8 @@ def run_scenario(name: str, *, num_switches: int, num_standalone: int, num_hybri
                  dwell_s: float) -> dict[str, Any]:
     spec = dict(SCENARIOS[name])
     load = bool(spec.pop("load"))
-    cfg = bench_config(namespace=f"benchcp_{name}", time_scale=time_scale, load=load, num_standalone=num_standalone,
+    cfg = bench_config(namespace=f"benchcp_{name}", time_scale=time_scale, load=load,
+                       num_standalone=num_standalone,
                        num_hybrid=num_hybrid, **spec)
     config = config_from_dict(cfg)
     with throwaway_redis() as port:
@@ -229,7 +239,8 @@ def run_scenario(name: str, *, num_switches: int, num_standalone: int, num_hybri
             try:
                 timeout_s = STARTUP_TIMEOUT_S + num_switches * 2 * (dwell_s + 5.0)
                 result = asyncio.run(asyncio.wait_for(
-                    run_switches(config, url, num_switches=num_switches, dwell_s=dwell_s, sim=spec), timeout_s))
+                    run_switches(config, url, num_switches=num_switches, dwell_s=dwell_s, sim=spec),
+                    timeout_s))
             except Exception:
                 for log_file in sorted(logs.glob("*.log")):
                     print(f"--- {log_file.name}\n{log_file.read_text()[-2000:]}", file=sys.stderr)
@@ -244,7 +255,8 @@ def print_table(results: dict[str, Any]) -> None:
         for kind in ("deactivate", "activate"):
             row = res[kind]
             print(f"{name + ' / ' + kind:28s} {row['modelled_ms']:11.1f} {row['switch']['p50_ms']:9.1f} "
-                  f"{row['switch']['p99_ms']:9.1f} {row['overhead']['p50_ms']:8.1f} {row['overhead']['p99_ms']:8.1f}")
+                  f"{row['switch']['p99_ms']:9.1f} {row['overhead']['p50_ms']:8.1f} "
+                  f"{row['overhead']['p99_ms']:8.1f}")
     print("per-command overhead (p50 / p99 ms), zero_idle:")
     for key, row in results["scenarios"].get("zero_idle", {}).get("per_command_overhead", {}).items():
         print(f"  {key:36s} {row['p50_ms']:7.1f} {row['p99_ms']:7.1f}")
@@ -253,18 +265,22 @@ def print_table(results: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=None, help="write results as JSON here")
-    parser.add_argument("--num-switches", type=int, default=30, help="activations (and deactivations) per scenario")
+    parser.add_argument("--num-switches", type=int, default=30,
+                        help="activations (and deactivations) per scenario")
     parser.add_argument("--num-standalone", type=int, default=2)
     parser.add_argument("--num-hybrid", type=int, default=2)
     parser.add_argument("--time-scale", type=float, default=0.05, help="wall s per modelled s")
-    parser.add_argument("--dwell-s", type=float, default=0.3, help="wall s between switches (hybrids take work)")
+    parser.add_argument("--dwell-s", type=float, default=0.3,
+                        help="wall s between switches (hybrids take work)")
     parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), default=None)
     args = parser.parse_args(argv)
     if args.num_switches < 1 or args.num_standalone < 1 or args.num_hybrid < 1:
-        raise ValueError(f"counts must be >= 1, got {args.num_switches}, {args.num_standalone}, {args.num_hybrid}")
+        raise ValueError(f"counts must be >= 1, got {args.num_switches}, {args.num_standalone}, "
+                         f"{args.num_hybrid}")
     load_before = os.getloadavg()
     scenarios = {name: run_scenario(name, num_switches=args.num_switches, num_standalone=args.num_standalone,
-                                    num_hybrid=args.num_hybrid, time_scale=args.time_scale, dwell_s=args.dwell_s)
+                                    num_hybrid=args.num_hybrid, time_scale=args.time_scale,
+                                    dwell_s=args.dwell_s)
                  for name in (args.scenario or list(SCENARIOS))}
     result = {"num_switches": args.num_switches, "replicas": {"standalone": args.num_standalone,
                                                                "hybrid": args.num_hybrid},

@@ -36,7 +36,7 @@ from core.routing import LoadBalancerState
 from shared.bus import text
 from shared.config import config_from_dict
 from shared.names import Names
-from shared.schema import GenerateRequest, GenerateResult, decode, encode
+from shared.schema import FinishReason, GenerateRequest, GenerateResult, decode, encode
 from shared.streams import connect, xadd_many
 
 STARTUP_TIMEOUT_S = 30.0
@@ -45,7 +45,8 @@ STARTUP_TIMEOUT_S = 30.0
 # -- 1. in-process ---------------------------------------------------------------------
 
 
-def bench_state(*, num_replicas: int, num_requests: int, inflight_per_replica: int, sticky: bool) -> dict[str, Any]:
+def bench_state(*, num_replicas: int, num_requests: int, inflight_per_replica: int,
+                sticky: bool) -> dict[str, Any]:
     """Route `num_requests` with `inflight_per_replica * num_replicas` kept in flight."""
     state = LoadBalancerState(replica_ids=[f"r{i}" for i in range(num_replicas)])
     window = inflight_per_replica * num_replicas
@@ -75,7 +76,8 @@ def bench_state(*, num_replicas: int, num_requests: int, inflight_per_replica: i
 
 def bench_codec(num_tokens: int, *, repeats: int = 300) -> dict[str, Any]:
     """Cost of the LB's per-request codec work: decode from `lb_requests`, encode to the worker stream."""
-    request = GenerateRequest(request_id="r", sample_id="s", prompt_token_ids=list(range(num_tokens)), max_tokens=1)
+    request = GenerateRequest(request_id="r", sample_id="s", prompt_token_ids=list(range(num_tokens)),
+                              max_tokens=1)
     started = time.perf_counter()
     for _ in range(repeats):
         fields = encode(request)
@@ -109,7 +111,8 @@ class FakeWorkers:
 
     async def run(self, expected: int, deadline_s: float) -> None:
         while len(self.arrived_s) < expected and time.perf_counter() < deadline_s:
-            reply: Any = await self.redis.xread(dict(self.cursors), count=1024, block=100)  # type: ignore[arg-type]
+            reply: Any = await self.redis.xread(dict(self.cursors), count=1024,
+                                                block=100)  # type: ignore[arg-type]
             now = time.perf_counter()
             results = []
             for stream, entries in reply or []:
@@ -120,8 +123,9 @@ class FakeWorkers:
                     self.arrived_s.setdefault(request.request_id, now)
                     self.per_replica[request.replica_id] += 1
                     results.append(encode(GenerateResult(
-                        request_id=request.request_id, sample_id=request.sample_id, replica_id=request.replica_id,
-                        token_ids=[], logprobs=[], finish_reason="stop", weight_version=0)))
+                        request_id=request.request_id, sample_id=request.sample_id,
+                        replica_id=request.replica_id,
+                        token_ids=[], logprobs=[], finish_reason=FinishReason.STOP, weight_version=0)))
             if self.reply and results:
                 await xadd_many(self.redis, self.names.lb_results, results)
 
@@ -170,7 +174,8 @@ async def paced_phase(url: str, names: Names, replica_ids: tuple[str, ...], *, c
 
 async def burst_phase(url: str, names: Names, replica_ids: tuple[str, ...], *, count: int,
                       reply: bool) -> dict[str, Any]:
-    """All `count` requests XADDed pipelined as fast as possible; routed/s = count / (last arrival - first send)."""
+    """All `count` requests XADDed pipelined as fast as possible;
+    routed/s = count / (last arrival - first send)."""
     workers = FakeWorkers(url, names, replica_ids, reply=reply)
     await workers.start()
     producer = connect(url)
@@ -195,7 +200,8 @@ async def burst_phase(url: str, names: Names, replica_ids: tuple[str, ...], *, c
     lat = percentiles_ms([workers.arrived_s[k] - sent_s[k] for k in workers.arrived_s])
     counts = list(workers.per_replica.values())
     return {"sent": count, "routed": routed, "produce_per_s": count / produced_s,
-            "routed_per_s": routed / max(1e-9, last - start), "spread_min_max": [min(counts), max(counts)], **lat}
+            "routed_per_s": routed / max(1e-9, last - start), "spread_min_max": [min(counts), max(counts)],
+            **lat}
 
 
 def bench_service(*, num_replicas: int, num_paced: int, rates: list[float], num_burst: int,
@@ -211,7 +217,8 @@ def bench_service(*, num_replicas: int, num_paced: int, rates: list[float], num_
                 asyncio.run(wait_lb_ready(url, names))
                 paced = [asyncio.run(paced_phase(url, names, config.standalone_ids, count=num_paced,
                                                  rate_per_s=rate, reply=reply)) for rate in rates]
-                burst = asyncio.run(burst_phase(url, names, config.standalone_ids, count=num_burst, reply=reply))
+                burst = asyncio.run(burst_phase(url, names, config.standalone_ids, count=num_burst,
+                                                reply=reply))
             except Exception:
                 for log_file in sorted(logs.glob("*.log")):
                     print(f"--- {log_file.name}\n{log_file.read_text()[-2000:]}", file=sys.stderr)
@@ -222,8 +229,10 @@ def bench_service(*, num_replicas: int, num_paced: int, rates: list[float], num_
 def print_tables(result: dict[str, Any]) -> None:
     print(f"{'LoadBalancerState (in-process)':40s} {'req/s':>11s} {'acq p50 us':>10s} {'acq p99 us':>10s}")
     for row in result["in_process"]:
-        label = f"{row['num_replicas']} replicas, {row['inflight']} in flight{', sticky' if row['sticky'] else ''}"
-        print(f"{label:40s} {row['requests_per_s']:11,.0f} {row['acquire_p50_us']:10.2f} {row['acquire_p99_us']:10.2f}")
+        sticky = ", sticky" if row["sticky"] else ""
+        label = f"{row['num_replicas']} replicas, {row['inflight']} in flight{sticky}"
+        print(f"{label:40s} {row['requests_per_s']:11,.0f} {row['acquire_p50_us']:10.2f} "
+              f"{row['acquire_p99_us']:10.2f}")
     for row in result["codec"]:
         print(f"{'GenerateRequest codec, ' + str(row['prompt_tokens']) + ' prompt tokens':40s} "
               f"encode {row['encode_us']:8.0f} us  decode {row['decode_us']:6.0f} us")
@@ -251,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.num_requests, args.num_replicas, args.num_paced, args.num_burst) < 1 or min(args.rates) <= 0:
         raise ValueError("counts and rates must be positive")
     load_before = os.getloadavg()
-    in_process = [bench_state(num_replicas=n, num_requests=args.num_requests, inflight_per_replica=128, sticky=s)
+    in_process = [bench_state(num_replicas=n, num_requests=args.num_requests, inflight_per_replica=128,
+                              sticky=s)
                   for n in (4, 16, 64) for s in (False, True)]
     codec = [bench_codec(n) for n in (256, 4096)]
     service = bench_service(num_replicas=args.num_replicas, num_paced=args.num_paced, rates=args.rates,

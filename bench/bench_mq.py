@@ -46,7 +46,8 @@ def throwaway_redis() -> Iterator[int]:
         )
         try:
             for _ in range(500):
-                if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.startswith(b"PONG"):
+                if subprocess.run(["redis-cli", "-p", str(port), "ping"],
+                                  capture_output=True).stdout.startswith(b"PONG"):
                     break
                 time.sleep(0.01)
             yield port
@@ -115,7 +116,8 @@ async def reset_stream(url: str) -> None:
         await r.aclose()
 
 
-async def run_stream_cases(url: str, samples: list[dict[bytes, bytes]], num_unpipelined: int) -> dict[str, float]:
+async def run_stream_cases(url: str, samples: list[dict[bytes, bytes]],
+                           num_unpipelined: int) -> dict[str, float]:
     n = len(samples)
     results: dict[str, float] = {}
     await reset_stream(url)
@@ -134,7 +136,8 @@ async def run_stream_cases(url: str, samples: list[dict[bytes, bytes]], num_unpi
 
 def redis_benchmark_xadd(port: int, *, pipeline: int, num_requests: int) -> dict[str, float]:
     """``redis-benchmark -n N -c 50 [-P p] XADD bench * f <512B>``; rps and latency (ms)."""
-    cmd = ["redis-benchmark", "-p", str(port), "-n", str(num_requests), "-c", "50", "-P", str(pipeline), "--csv",
+    cmd = ["redis-benchmark", "-p", str(port), "-n", str(num_requests), "-c", "50", "-P", str(pipeline),
+           "--csv",
            "XADD", "bench", "*", "f", "x" * 512]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
     rows = list(csv.DictReader(io.StringIO(out)))
@@ -176,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     with throwaway_redis() as port:
         url = f"redis://127.0.0.1:{port}/0"
         stream = asyncio.run(run_stream_cases(url, samples, min(args.num_unpipelined, args.num_samples)))
-        bench = {f"P{p}": redis_benchmark_xadd(port, pipeline=p, num_requests=args.bench_requests) for p in (1, 16)}
-        server_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+        bench = {f"P{p}": redis_benchmark_xadd(port, pipeline=p,
+                                               num_requests=args.bench_requests) for p in (1, 16)}
+        server_version = subprocess.run(["redis-server", "--version"], capture_output=True,
+                                        text=True).stdout.strip()
     result: dict[str, Any] = {
         "redis_server": server_version,
         "num_samples": args.num_samples,

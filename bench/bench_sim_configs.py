@@ -25,7 +25,8 @@ from bench import write_result
 from services.launcher import run_job
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yaml", "configs/sim_16_16_dynamic.yaml")
+DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yaml",
+                   "configs/sim_16_16_dynamic.yaml")
 MEAN_METRICS = {
     "mq_size": "dynamic_resource/mq_size",
     "resource_utilization": "dynamic_resource/resource_utilization",
@@ -38,7 +39,8 @@ MEAN_METRICS = {
 
 def metric_means(path: Path) -> dict[str, float | None]:
     """Per-cycle mean of each metric in MEAN_METRICS (None when no cycle reported it)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = [json.loads(line) for line in lines if line.strip()]
     means: dict[str, float | None] = {}
     for short, key in MEAN_METRICS.items():
         values = [float(row[key]) for row in rows if row.get(key) is not None]
@@ -74,9 +76,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
           f"{'deact':>5s} {'mq_size':>7s} {'res_util':>8s} {'train_u':>7s} {'roll_u':>7s}")
     for row in rows:
         m, s = row["means"], row["samples"]
-        print(f"{Path(row['config']).stem:22s} {fmt(row['wall_time_s'], '7.1f')} {fmt(row['param_versions'], '4d')} "
+        print(f"{Path(row['config']).stem:22s} {fmt(row['wall_time_s'], '7.1f')} "
+              f"{fmt(row['param_versions'], '4d')} "
               f"{fmt(s.get('trained'), '7d')} {fmt(s.get('lost'), '4d')} {fmt(s.get('dropped'), '4d')} "
-              f"{fmt(row['activations'], '4d')} {fmt(row['deactivations'], '5d')} {fmt(m['mq_size'], '7.1f')} "
+              f"{fmt(row['activations'], '4d')} {fmt(row['deactivations'], '5d')} "
+              f"{fmt(m['mq_size'], '7.1f')} "
               f"{fmt(m['resource_utilization'], '8.3f')} {fmt(m['train_utilization'], '7.3f')} "
               f"{fmt(m['rollout_utilization'], '7.3f')}")
 
@@ -103,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out_dir, ignore_errors=True)  # only this bench's own earlier outputs
         print(f"running {config_path} -> {out_dir}", flush=True)
         rows.append(run_config(Path(config_path), out_dir, timeout_s=args.timeout_s))
-    result = {"cpus": os.cpu_count(), "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]], "runs": rows}
+    result = {"cpus": os.cpu_count(), "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
+              "runs": rows}
     print_table(rows)
     write_result(args.out, result)
     return 0

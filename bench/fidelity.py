@@ -211,21 +211,26 @@ def print_report(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/real_ci.yaml")
-    parser.add_argument("--model-dir", default="runs/model", help="built by `python -m rl.model build --out DIR`")
+    parser.add_argument("--model-dir", default="runs/model",
+                        help="built by `python -m rl.model build --out DIR`")
     parser.add_argument("--out", default="runs/fidelity")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per policy (2 also measures run-to-run noise)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per policy (2 also measures run-to-run noise)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES[:2]), choices=POLICIES,
-                        help="fixed_ratio: no cost gate, so hybrids switch at most cycles even on an idle machine")
+                        help="fixed_ratio: no cost gate, so hybrids switch at most cycles even on an idle "
+                             "machine")
     parser.add_argument("--reuse", action="store_true", help="keep runs already under --out (their run.json)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per run")
     args = parser.parse_args(argv)
     base, model_dir, out_root = (Path(p).resolve() for p in (args.config, args.model_dir, args.out))
     if not (model_dir / "config.json").exists():
-        raise SystemExit(f"no model in {model_dir}; build it with `python -m rl.model build --out {model_dir}`")
+        raise SystemExit(f"no model in {model_dir}; "
+                         f"build it with `python -m rl.model build --out {model_dir}`")
     out_root.mkdir(parents=True, exist_ok=True)
     cfg = yaml.safe_load(base.read_text())
-    per_version = (cfg["trainer"]["ppo_mini_batch_size"] * cfg["async_training"]["trigger_parameter_sync_step"]
-                   * cfg["async_training"].get("require_batches", 1) * cfg["data"]["n"])
+    at = cfg["async_training"]
+    per_version = (cfg["trainer"]["ppo_mini_batch_size"] * at["trigger_parameter_sync_step"]
+                   * at.get("require_batches", 1) * cfg["data"]["n"])
     runs = []
     for repeat, policy in itertools.product(range(args.repeats), args.policies):
         runs.append(run_policy(base, out_root, policy=policy, repeat=repeat, model_dir=model_dir,

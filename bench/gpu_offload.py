@@ -75,8 +75,10 @@ def _snapshot(trainer: TorchGRPOTrainer) -> dict[str, torch.Tensor]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    cfg = ModelConfig(hidden_size=args.hidden, intermediate_size=args.hidden * 3, num_hidden_layers=args.layers,
-                      num_attention_heads=max(1, args.hidden // 128), num_key_value_heads=max(1, args.hidden // 128))
+    cfg = ModelConfig(hidden_size=args.hidden, intermediate_size=args.hidden * 3,
+                      num_hidden_layers=args.layers,
+                      num_attention_heads=max(1, args.hidden // 128),
+                      num_key_value_heads=max(1, args.hidden // 128))
     result: dict[str, Any] = {"device": args.device, "torch": torch.__version__, "hidden": args.hidden,
                               "layers": args.layers}
     with tempfile.TemporaryDirectory() as tmp:

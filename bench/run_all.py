@@ -20,14 +20,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BENCHES: dict[str, dict[str, list[str]]] = {
-    "mq": {"full": [], "quick": ["--num-samples", "2000", "--num-unpipelined", "500", "--bench-requests", "10000"]},
+    "mq": {"full": [],
+           "quick": ["--num-samples", "2000", "--num-unpipelined", "500", "--bench-requests", "10000"]},
     "lb": {"full": [], "quick": ["--num-requests", "20000", "--num-paced", "200", "--num-burst", "2000"]},
     "control_plane": {"full": [], "quick": ["--num-switches", "3", "--dwell-s", "0.1"]},
+    "codec": {"full": [], "quick": ["--repeats", "1"]},
     "sim_configs": {"full": [], "quick": ["--config", "configs/sim_small.yaml"]},
 }
 """Bench name -> extra arguments of `python -m bench.bench_<name>`, full and --quick."""
@@ -40,8 +43,10 @@ def run_bench(name: str, args: list[str], *, timeout_s: float, workdir: Path) ->
     started = time.monotonic()
     print(f"[{name}] {' '.join(cmd[1:])}", flush=True)
     try:
-        proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-        status, log = ("ok" if proc.returncode == 0 and out.exists() else f"exit {proc.returncode}"), proc.stdout + proc.stderr
+        proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+        status = "ok" if proc.returncode == 0 and out.exists() else f"exit {proc.returncode}"
+        log = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         partial = [out for out in (exc.stdout, exc.stderr) if out]
         status = f"timeout after {timeout_s:.0f}s"
@@ -51,44 +56,72 @@ def run_bench(name: str, args: list[str], *, timeout_s: float, workdir: Path) ->
     if status != "ok":
         print(log[-3000:], file=sys.stderr)
         return {"status": status, "elapsed_s": elapsed_s, "log_tail": log[-3000:]}
-    return {"status": status, "elapsed_s": elapsed_s, "stdout": proc.stdout, "result": json.loads(out.read_text())}
+    return {"status": status, "elapsed_s": elapsed_s, "stdout": proc.stdout,
+            "result": json.loads(out.read_text())}
 
 
-def headline_rows(name: str, result: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) pairs for the combined table."""
-    rows: list[tuple[str, str]] = []
-    if name == "mq":
-        for case, per_s in result["stream"].items():
-            rows.append((case, f"{per_s:,.0f} samples/s"))
-        for p, row in result["redis_benchmark_xadd_512B_c50"].items():
-            rows.append((f"redis-benchmark XADD 512B c50 {p}", f"{row['requests_per_s']:,.0f} req/s"))
-    elif name == "control_plane":
-        for scenario, res in result["scenarios"].items():
-            for kind in ("deactivate", "activate"):
-                row = res[kind]
-                rows.append((f"{scenario} {kind} overhead (engines {row['modelled_ms']:.0f} ms)",
-                             f"p50 {row['overhead']['p50_ms']:.1f} ms  p99 {row['overhead']['p99_ms']:.1f} ms"))
-    elif name == "lb":
-        for row in result["in_process"]:
-            rows.append((f"LoadBalancerState {row['num_replicas']} replicas{' sticky' if row['sticky'] else ''}",
-                         f"{row['requests_per_s']:,.0f} req/s  acquire p50 {row['acquire_p50_us']:.2f} us  "
-                         f"p99 {row['acquire_p99_us']:.2f} us"))
-        svc = result["service"]
-        for row in svc["paced"]:
-            rows.append((f"LB service {svc['num_replicas']} replicas, paced {row['offered_per_s']:.0f}/s",
-                         f"p50 {row['p50_ms']:.2f} ms  p99 {row['p99_ms']:.2f} ms"))
-        burst = svc["burst"]
-        rows.append((f"LB service {svc['num_replicas']} replicas, burst {burst['sent']}",
-                     f"{burst['routed_per_s']:,.0f} req/s  p50 {burst['p50_ms']:.0f} ms  p99 {burst['p99_ms']:.0f} ms"))
-    elif name == "sim_configs":
-        for run in result["runs"]:
-            s, m = run["samples"], run["means"]
-            util = m.get("resource_utilization")
-            rows.append((Path(run["config"]).stem,
-                         f"wall {run['wall_time_s']:.1f} s  trained {s.get('trained')}  lost {s.get('lost')}  "
-                         f"act/deact {run['activations']}/{run['deactivations']}  "
-                         f"mq_size {m.get('mq_size') or 0:.1f}  util {util if util is None else round(util, 3)}"))
+def _mq_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [(case, f"{per_s:,.0f} samples/s") for case, per_s in result["stream"].items()]
+    for p, row in result["redis_benchmark_xadd_512B_c50"].items():
+        rows.append((f"redis-benchmark XADD 512B c50 {p}", f"{row['requests_per_s']:,.0f} req/s"))
     return rows
+
+
+def _control_plane_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for scenario, res in result["scenarios"].items():
+        for kind in ("deactivate", "activate"):
+            row = res[kind]
+            rows.append((f"{scenario} {kind} overhead (engines {row['modelled_ms']:.0f} ms)",
+                         f"p50 {row['overhead']['p50_ms']:.1f} ms  p99 {row['overhead']['p99_ms']:.1f} ms"))
+    return rows
+
+
+def _lb_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for row in result["in_process"]:
+        rows.append((f"LoadBalancerState {row['num_replicas']} replicas{' sticky' if row['sticky'] else ''}",
+                     f"{row['requests_per_s']:,.0f} req/s  acquire p50 {row['acquire_p50_us']:.2f} us  "
+                     f"p99 {row['acquire_p99_us']:.2f} us"))
+    svc = result["service"]
+    for row in svc["paced"]:
+        rows.append((f"LB service {svc['num_replicas']} replicas, paced {row['offered_per_s']:.0f}/s",
+                     f"p50 {row['p50_ms']:.2f} ms  p99 {row['p99_ms']:.2f} ms"))
+    burst = svc["burst"]
+    rows.append((f"LB service {svc['num_replicas']} replicas, burst {burst['sent']}",
+                 f"{burst['routed_per_s']:,.0f} req/s  p50 {burst['p50_ms']:.0f} ms  "
+                 f"p99 {burst['p99_ms']:.0f} ms"))
+    return rows
+
+
+def _codec_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for message, row in result["messages"].items():
+        for variant in ("hand-written", "msgspec/dataclass"):
+            times = row[variant]
+            rows.append((f"{message} {variant}",
+                         f"encode {times['encode_us']:.1f} us  decode {times['decode_us']:.1f} us"))
+    return rows
+
+
+def _sim_configs_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for run in result["runs"]:
+        s, m = run["samples"], run["means"]
+        util = m.get("resource_utilization")
+        rows.append((Path(run["config"]).stem,
+                     f"wall {run['wall_time_s']:.1f} s  trained {s.get('trained')}  lost {s.get('lost')}  "
+                     f"act/deact {run['activations']}/{run['deactivations']}  "
+                     f"mq_size {m.get('mq_size') or 0:.1f}  util {util if util is None else round(util, 3)}"))
+    return rows
+
+
+HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
+    "mq": _mq_rows, "lb": _lb_rows, "control_plane": _control_plane_rows, "codec": _codec_rows,
+    "sim_configs": _sim_configs_rows,
+}
+"""Bench name -> (label, value) pairs of its headline numbers for the combined table."""
+assert set(HEADLINES) == set(BENCHES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         if entry["status"] != "ok":
             print(f"{name:14s} {'(failed)':{width}s} {entry['status']}")
             continue
-        for label, value in headline_rows(name, entry["result"]):
+        for label, value in HEADLINES[name](entry["result"]):
             print(f"{name:14s} {label:{width}s} {value}")
     print(f"wrote {args.out}")
     return 0 if all(e["status"] == "ok" for e in results["benches"].values()) else 1

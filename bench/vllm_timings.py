@@ -93,7 +93,8 @@ async def measure(model_dir: Path, weights_root: Path, repeats: int) -> dict[str
             await _timed(results, "push weights (gloo, in memory)",
                          asyncio.to_thread(pusher.send_weights))  # type: ignore[attr-defined]
             await _timed(results, "publish a version (filesystem)", asyncio.to_thread(
-                weights.publish, weights_root, version + 1 + r, trainer_model.state_dict(), extra_files=model_dir))
+                weights.publish, weights_root, version + 1 + r, trainer_model.state_dict(),
+                extra_files=model_dir))
             await engine.resume()
             await _timed(results, f"sleep ({engine.sleep_mode})", engine.sleep())
             await _timed(results, f"wake ({engine.sleep_mode})", engine.wake())

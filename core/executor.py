@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from core import controller as cc
 from core.controller import ControllerCore, Mode
 from shared.schema import (
+    AuditEvent,
     AuditKind,
     CommandAction,
     TrainerAction,
@@ -122,11 +123,38 @@ class ResetRollouter:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Audit:
-    """Record a lifecycle event (switches, commands, pushes). -> None"""
+    """Record a lifecycle event of the controller (the driver stamps the subject and the time). -> None"""
+
+    event: AuditRecord
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuditRecord:
+    """The typed fields of a controller AuditEvent (`shared.schema.AuditEvent` documents each)."""
 
     kind: AuditKind
-    detail: str
     version: int = -1
+    activated: bool | None = None
+    """SWITCH."""
+    command: str = ""
+    """COMMAND: the core command's kind."""
+    replica_ids: tuple[str, ...] = ()
+    """COMMAND, PUSH."""
+    duration_s: float | None = None
+    """COMMAND, PUSH."""
+    transport: str = ""
+    """PUSH."""
+    ok: bool | None = None
+    """PUSH."""
+    error: str = ""
+    """PUSH."""
+    detail: str = ""
+    """Free text for humans."""
+
+    def to_event(self, *, subject: str, t: float) -> AuditEvent:
+        return AuditEvent(kind=self.kind, subject=subject, t=t, detail=self.detail, version=self.version,
+                          activated=self.activated, command=self.command, replica_ids=list(self.replica_ids),
+                          duration_s=self.duration_s, transport=self.transport, ok=self.ok, error=self.error)
 
 
 Op = (Checkpoint | ReadProgress | AwaitSamples | SetMembers | SetActiveReplicas | WorkerCall | ReleaseTrainer
@@ -155,6 +183,7 @@ class ExecutionReport:
     push_fallbacks: int = 0
     activated: bool = False
     rollouter_report: dict[str, float] = field(default_factory=dict)
+    """The rollouter's metrics of the closed version (RolloutReport.metrics)."""
 
     def cycle_metrics(self) -> dict[str, float]:
         """The sync's contribution to its cycle's metrics (the rollouter's report included)."""
@@ -199,7 +228,8 @@ class ExecutorCore:
         if core.mode is Mode.DEACTIVATING:
             core.finish_deactivate(report.switch_s)
             self.serving_hybrids = ()
-            yield Audit(kind=AuditKind.SWITCH, detail="deactivated", version=event.version)
+            yield Audit(event=AuditRecord(kind=AuditKind.SWITCH, activated=False, duration_s=report.switch_s,
+                                          version=event.version, detail="deactivated"))
         return TrainerReply(action=TrainerAction.GPUS_READY, global_steps=event.global_steps,
                             wait_for_enough_samples_s=report.wait_for_enough_samples_s,
                             deactivate_s=report.switch_s)
@@ -223,7 +253,8 @@ class ExecutorCore:
                                          release_trainer=activating and bool(core.hybrid_ids))
         if activating:
             core.finish_activate(report.switch_s)
-            yield Audit(kind=AuditKind.SWITCH, detail="activated", version=event.version)
+            yield Audit(event=AuditRecord(kind=AuditKind.SWITCH, activated=True, duration_s=report.switch_s,
+                                          version=event.version, detail="activated"))
         core.finish_sync(event.global_steps)
         report.activated = activating
         self.last_report = report
@@ -251,8 +282,12 @@ class ExecutorCore:
                 report.standalone_sync_s += elapsed
             elif not isinstance(command, cc.ResetStaleness):
                 report.switch_s += elapsed
-            yield Audit(kind=AuditKind.COMMAND, version=getattr(command, "version", -1),
-                        detail=f"{command.kind} {getattr(command, 'replica_ids', '')} {elapsed:.3f}s")
+            replica_ids: tuple[str, ...] = getattr(command, "replica_ids", ())
+            yield Audit(event=AuditRecord(kind=AuditKind.COMMAND, command=command.kind,
+                                          replica_ids=replica_ids, duration_s=elapsed,
+                                          version=getattr(command, "version", -1),
+                                          detail=f"{command.kind} {getattr(command, 'replica_ids', '')} "
+                                                 f"{elapsed:.3f}s"))
         return report
 
     def _apply(self, command: cc.Command, report: ExecutionReport, weights_path: str) -> Plan[None]:
@@ -288,8 +323,10 @@ class ExecutorCore:
         report.pushes += 1
         report.push_fallbacks += not result.ok
         outcome = "ok" if result.ok else f"failed: {result.error}"
-        yield Audit(kind=AuditKind.PUSH, version=command.version,
-                    detail=f"{result.transport} {list(command.replica_ids)} {outcome} {result.push_s:.3f}s")
+        yield Audit(event=AuditRecord(
+            kind=AuditKind.PUSH, transport=result.transport, replica_ids=command.replica_ids, ok=result.ok,
+            error=result.error, duration_s=result.push_s, version=command.version,
+            detail=f"{result.transport} {list(command.replica_ids)} {outcome} {result.push_s:.3f}s"))
 
 
 def drive(plan: Plan[T], perform: Callable[[Op], Any]) -> T:

@@ -17,26 +17,42 @@ from typing import Any
 TRAIN_COMPUTE_KEYS = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 """timing_raw keys counted as training compute (the ref timer's key is "ref", not "RefPolicy")."""
 
+# Metric names (the seed's); the one home for every name a service or the simulator writes.
 TRAIN_UTIL = "dynamic_resource/train_resource_utilization"
 ROLLOUT_UTIL = "dynamic_resource/rollout_resource_utilization"
 CLUSTER_UTIL = "dynamic_resource/resource_utilization"
 TRAIN_COMPUTE = "dynamic_resource/train_compute_time_s"
 TRAIN_ALLOC = "dynamic_resource/train_allocated_time_s"
 MQ_SIZE = "dynamic_resource/mq_size"
-STEP_GENERATED = "fully_async/rollouter/step_generated_samples"
-ROLLOUTER_IDLE = "fully_async/rollouter/idle_ratio"
 TRAINER_IDLE = "fully_async/trainer/idle_ratio"
 WAIT_ENOUGH = "timing_s/wait_for_enough_samples"
 STEP_TIME = "timing_s/step"
 GEN_TIME = "timing_s/gen"
 
+# The rollouter's report at each reset_staleness (one weight version).
+STEP_GENERATED = "fully_async/rollouter/step_generated_samples"
+ROLLOUTER_IDLE = "fully_async/rollouter/idle_ratio"
+ROLLOUTER_VERSION_TIME = "fully_async/rollouter/version_time_s"
+ROLLOUTER_ACTIVE_TIME = "fully_async/rollouter/active_time_s"
+ROLLOUTER_IDLE_ALL_WINDOWS = "fully_async/rollouter/idle_ratio_all_windows"
+STALENESS_SAMPLES = "fully_async/count/staleness_samples"
+TOTAL_GENERATED = "fully_async/count/total_generated_samples"
+DROPPED_STALE = "fully_async/count/dropped_stale_samples"
+ACTIVE_TASKS = "fully_async/monitor/active_tasks_size"
+MQ_QUEUE_SIZE = "fully_async/monitor/queue/mq_queue_size"
+MAX_CONCURRENT = "fully_async/static/max_concurrent_samples"
+MAX_REQUIRED = "fully_async/static/max_required_samples"
+REQUIRED_SAMPLES = "fully_async/static/required_samples"
+MAX_QUEUE_SIZE = "fully_async/static/max_queue_size"
+STALENESS_THRESHOLD = "fully_async/static/staleness_threshold"
+
 LAST_KEYS = frozenset(
     {
-        "fully_async/count/total_generated_samples",
+        TOTAL_GENERATED,
         "fully_async/count/stale_samples_processed",
         "fully_async/count/stale_trajectory_processed",
         "fully_async/count/current_param_version",
-        "fully_async/count/dropped_stale_samples",
+        DROPPED_STALE,
         "training/global_step",
         MQ_SIZE,
     }
@@ -58,13 +74,6 @@ def train_compute_time_s(timing_raw: Mapping[str, float]) -> float:
 def train_resource_utilization(compute_s: Iterable[float], allocated_s: Iterable[float]) -> float:
     """U_train = Σcompute / Σalloc over a cycle's micro-steps (ratio of totals); 0 if Σalloc is 0."""
     return _ratio(sum(compute_s), sum(allocated_s))
-
-
-def concurrency_capacity(
-    *, num_active_servers: int, concurrent_samples_per_replica: int, max_required_samples: int
-) -> int:
-    """cap = min(servers x s, maxReq): the rollouter's max_concurrent_samples."""
-    return min(num_active_servers * concurrent_samples_per_replica, max_required_samples)
 
 
 def rollout_resource_utilization(history: Sequence[tuple[float, int, int]], now: float) -> float:
@@ -146,20 +155,6 @@ def cluster_resource_utilization(
     return _ratio((1 - x) * a * u_train + (x * a + b) * u_rollout, a + b)
 
 
-def rollouter_idle_ratio(*, step_start: float, idle_start: float | None, now: float) -> float:
-    """1 - active_time / version_time for the rollouter's current version (0 if no time passed).
-
-    active_time = idle_start - step_start when the rollouter went idle during this
-    version, else the whole version_time. Only the last idle window counts (as upstream).
-    """
-    version_time = now - step_start
-    if version_time <= 0:
-        return 0.0
-    if idle_start is not None and idle_start > step_start:
-        return 1.0 - (idle_start - step_start) / version_time
-    return 0.0
-
-
 def trainer_idle_ratio(gen_s: Iterable[float], step_s: Iterable[float]) -> float:
     """Σtiming_s/gen / Σtiming_s/step: share of the trainer's step spent waiting for samples."""
     return _ratio(sum(gen_s), sum(step_s))
@@ -216,7 +211,8 @@ def reduction_for(key: str) -> str:
         return "last"
     if key in SUM_KEYS or "timing_s/" in key:
         return "sum"
-    for needles, rule in ((("mean", "avg"), "mean"), (("max",), "max"), (("min",), "min"), (("sum", "total"), "sum")):
+    for needles, rule in ((("mean", "avg"), "mean"), (("max",), "max"), (("min",), "min"),
+                          (("sum", "total"), "sum")):
         if any(needle in key for needle in needles):
             return rule
     return "mean"

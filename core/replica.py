@@ -13,47 +13,46 @@ Only SERVING accepts generation requests; a request reaching a PAUSED or
 SLEEPING replica is rejected at once (never parked), so the rollouter retries
 it and the load balancer routes it elsewhere. `update_weights` is legal in
 every state and leaves the state unchanged (a SERVING replica aborts, loads
-and keeps serving).
+and keeps serving). The states and actions are the wire vocabularies of
+`shared/vocab.py`.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+from shared.vocab import WEIGHT_ACTIONS, CommandAction, ReplicaState
 
-from shared.schema import WEIGHT_ACTIONS, CommandAction
+__all__ = ["WEIGHT_ACTIONS", "IllegalReplicaTransition", "ReplicaState", "transition"]
 
-
-class ReplicaState(StrEnum):
-    SLEEPING = "sleeping"
-    PAUSED = "paused"
-    SERVING = "serving"
+_A = CommandAction
+_S = ReplicaState
 
 
 class IllegalReplicaTransition(ValueError):
     """A command that is not legal in the replica's current state."""
 
 
-_TRANSITIONS: dict[tuple[ReplicaState, str], ReplicaState] = {  # weight loading (WEIGHT_ACTIONS): any state
-    (ReplicaState.SLEEPING, CommandAction.WAKE): ReplicaState.PAUSED,
-    (ReplicaState.SLEEPING, CommandAction.SLEEP): ReplicaState.SLEEPING,
-    (ReplicaState.SLEEPING, CommandAction.ABORT): ReplicaState.SLEEPING,
-    (ReplicaState.PAUSED, CommandAction.RESUME): ReplicaState.SERVING,
-    (ReplicaState.PAUSED, CommandAction.ABORT): ReplicaState.PAUSED,
-    (ReplicaState.PAUSED, CommandAction.SLEEP): ReplicaState.SLEEPING,
-    (ReplicaState.PAUSED, CommandAction.WAKE): ReplicaState.PAUSED,
-    (ReplicaState.SERVING, CommandAction.ABORT): ReplicaState.PAUSED,
-    (ReplicaState.SERVING, CommandAction.SLEEP): ReplicaState.SLEEPING,
-    (ReplicaState.SERVING, CommandAction.RESUME): ReplicaState.SERVING,
-    (ReplicaState.SERVING, CommandAction.WAKE): ReplicaState.SERVING,
+_TRANSITIONS: dict[tuple[ReplicaState, CommandAction], ReplicaState] = {
+    (_S.SLEEPING, _A.WAKE): _S.PAUSED,
+    (_S.SLEEPING, _A.SLEEP): _S.SLEEPING,
+    (_S.SLEEPING, _A.ABORT): _S.SLEEPING,
+    (_S.PAUSED, _A.RESUME): _S.SERVING,
+    (_S.PAUSED, _A.ABORT): _S.PAUSED,
+    (_S.PAUSED, _A.SLEEP): _S.SLEEPING,
+    (_S.PAUSED, _A.WAKE): _S.PAUSED,
+    (_S.SERVING, _A.ABORT): _S.PAUSED,
+    (_S.SERVING, _A.SLEEP): _S.SLEEPING,
+    (_S.SERVING, _A.RESUME): _S.SERVING,
+    (_S.SERVING, _A.WAKE): _S.SERVING,
 }
 
 
-def transition(state: ReplicaState, action: str) -> ReplicaState:
+def transition(state: ReplicaState, action: CommandAction) -> ReplicaState:
     """The state after `action`, or IllegalReplicaTransition."""
-    if action in WEIGHT_ACTIONS:  # legal in every state; the replica's state is unchanged
+    if action in WEIGHT_ACTIONS:
         return state
     next_state = _TRANSITIONS.get((state, action))
     if next_state is None:
-        legal = sorted(a for (s, a) in _TRANSITIONS if s == state) + sorted(WEIGHT_ACTIONS)
-        raise IllegalReplicaTransition(f"replica cannot {action!r} while {state.value}; legal: {legal}")
+        legal = sorted(a.value for (s, a) in _TRANSITIONS if s == state)
+        legal += sorted(a.value for a in WEIGHT_ACTIONS)
+        raise IllegalReplicaTransition(f"replica cannot {str(action)!r} while {state.value}; legal: {legal}")
     return next_state

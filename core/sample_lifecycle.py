@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core import metrics as M
 from core.flow import FlowLimits, StalenessTracker
 from core.metrics import UtilizationHistory
 from shared.names import RolloutStateField as F
@@ -155,22 +156,22 @@ class SampleLifecycle:
         self.version = version
         limits = self.limits
         return {
-            "fully_async/rollouter/step_generated_samples": report.step_generated_samples,
-            "fully_async/rollouter/idle_ratio": report.idle_ratio,
-            "fully_async/rollouter/version_time_s": report.version_time_s,
-            "fully_async/rollouter/active_time_s": report.active_time_s,
-            "dynamic_resource/rollout_resource_utilization": utilization,
-            "fully_async/rollouter/idle_ratio_all_windows": report.idle_ratio_all_windows,
-            "fully_async/count/staleness_samples": report.staleness_samples,
-            "fully_async/count/total_generated_samples": self.tracker.total_generated,
-            "fully_async/count/dropped_stale_samples": self.tracker.dropped,
-            "fully_async/monitor/active_tasks_size": len(self.active),
-            "fully_async/monitor/queue/mq_queue_size": mq_size,
-            "fully_async/static/max_concurrent_samples": self.max_concurrent,
-            "fully_async/static/max_required_samples": limits.max_required,
-            "fully_async/static/required_samples": limits.required_samples,
-            "fully_async/static/max_queue_size": limits.max_queue_size,
-            "fully_async/static/staleness_threshold": limits.staleness_threshold,
+            M.STEP_GENERATED: report.step_generated_samples,
+            M.ROLLOUTER_IDLE: report.idle_ratio,
+            M.ROLLOUTER_VERSION_TIME: report.version_time_s,
+            M.ROLLOUTER_ACTIVE_TIME: report.active_time_s,
+            M.ROLLOUT_UTIL: utilization,
+            M.ROLLOUTER_IDLE_ALL_WINDOWS: report.idle_ratio_all_windows,
+            M.STALENESS_SAMPLES: report.staleness_samples,
+            M.TOTAL_GENERATED: self.tracker.total_generated,
+            M.DROPPED_STALE: self.tracker.dropped,
+            M.ACTIVE_TASKS: len(self.active),
+            M.MQ_QUEUE_SIZE: mq_size,
+            M.MAX_CONCURRENT: self.max_concurrent,
+            M.MAX_REQUIRED: limits.max_required,
+            M.REQUIRED_SAMPLES: limits.required_samples,
+            M.MAX_QUEUE_SIZE: limits.max_queue_size,
+            M.STALENESS_THRESHOLD: limits.staleness_threshold,
         }
 
     def status(self) -> RolloutStatus:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.schema import FinishReason, GenerateRequest, GenerateResult, Trajectory
+from shared.schema import FINISHED, FinishReason, GenerateRequest, GenerateResult, Trajectory
 
-FINISHED = (FinishReason.STOP, FinishReason.LENGTH)
-RETRYABLE = (FinishReason.ABORT, FinishReason.REJECTED)
+RETRYABLE = frozenset({FinishReason.ABORT, FinishReason.REJECTED})
 
 
 @dataclass
@@ -31,16 +30,17 @@ class TrajectoryProgress:
     max_version: int | None = None
     replica_ids: list[str] = field(default_factory=list)
     generation_time_s: float = 0.0
-    finish_reason: str = ""
+    finish_reason: FinishReason | None = None
+    """Set once the trajectory is complete (or truncated by an abort without partial rollout)."""
 
     @property
     def done(self) -> bool:
-        return bool(self.finish_reason)
+        return self.finish_reason is not None
 
     def to_trajectory(self, *, reward: float) -> Trajectory:
         return Trajectory(
             request_id=self.request_id, response_token_ids=self.token_ids, response_logprobs=self.logprobs,
-            finish_reason=self.finish_reason, reward=reward,
+            finish_reason=self.finish_reason or FinishReason.ABORT, reward=reward,
             min_version=self.min_version or 0, max_version=self.max_version or 0,
             num_attempts=self.attempt % ATTEMPTS_PER_EPOCH + 1, replica_ids=self.replica_ids,
             generation_time_s=self.generation_time_s,

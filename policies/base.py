@@ -85,7 +85,8 @@ class DynamicScheduleContext:
         if self.required_samples < 1:
             raise ValueError(f"required_samples must be >= 1, got {self.required_samples}")
         if self.trigger_parameter_sync_step < 1:
-            raise ValueError(f"trigger_parameter_sync_step must be >= 1, got {self.trigger_parameter_sync_step}")
+            raise ValueError(
+                f"trigger_parameter_sync_step must be >= 1, got {self.trigger_parameter_sync_step}")
         if self.staleness_threshold < 0:
             raise ValueError(f"staleness_threshold must be >= 0, got {self.staleness_threshold}")
         self.step_required_samples = self.required_samples * self.trigger_parameter_sync_step
@@ -148,7 +149,8 @@ class DynamicSchedulePolicyBase(ABC):
         self.only_hybrid = only_hybrid
 
     @abstractmethod
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool,
+                          ctx: DynamicScheduleContext) -> bool:
         """Return True to deactivate hybrid replicas before this micro-step trains."""
 
     @abstractmethod
@@ -221,7 +223,8 @@ def register_policy(name: str) -> Callable[[PolicyT], PolicyT]:
 
     def decorator(cls: PolicyT) -> PolicyT:
         if not (isinstance(cls, type) and issubclass(cls, DynamicSchedulePolicyBase)):
-            raise TypeError(f"@register_policy({name!r}) needs a DynamicSchedulePolicyBase subclass, got {cls!r}")
+            raise TypeError(
+                f"@register_policy({name!r}) needs a DynamicSchedulePolicyBase subclass, got {cls!r}")
         cls.policy_name = name
         _POLICY_REGISTRY[name] = cls
         return cls

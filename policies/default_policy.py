@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
+from policies.base import DynamicScheduleContext, register_policy
+from policies.fixed_ratio_policy import FixedRatioDynamicSchedulePolicy
 
 DEFAULT_SWITCH_COST_S = 10.0
 """Switch cost assumed before any activate+deactivate overhead was measured."""
@@ -28,8 +29,11 @@ INITIAL_PER_SAMPLE_TIME_S = 1000.0
 
 
 @register_policy("default")
-class DefaultDynamicSchedulePolicy(DynamicSchedulePolicyBase):
+class DefaultDynamicSchedulePolicy(FixedRatioDynamicSchedulePolicy):
     """Deactivate whenever hybrids are active; adapt the ratio; activate only when it pays.
+
+    should_deactivate, deactivate_wait_samples and deactivate_gap are fixed_ratio's (inherited);
+    this class adds the cost gate and the adaptation. The whole behaviour:
 
     - should_deactivate: is_hybrid_active.
     - deactivate_wait_samples: int(step_required_samples x ratio).
@@ -53,12 +57,6 @@ class DefaultDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         super().__init__(deactivate_ratio, only_hybrid)
         self.recent_switch_overheads_s: list[float] = []
         self.per_sample_time_s: float = INITIAL_PER_SAMPLE_TIME_S
-
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
-        return is_hybrid_active
-
-    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
-        return int(ctx.step_required_samples * self.deactivate_ratio)
 
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
@@ -93,11 +91,6 @@ class DefaultDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Mean of the last SWITCH_OVERHEAD_WINDOW_SIZE measured overheads, else DEFAULT_SWITCH_COST_S."""
         recent = self.recent_switch_overheads_s[-SWITCH_OVERHEAD_WINDOW_SIZE:]
         return sum(recent) / len(recent) if recent else DEFAULT_SWITCH_COST_S
-
-    def deactivate_gap(self, ctx: DynamicScheduleContext) -> float:
-        """Samples still missing to reach the deactivate threshold: ratio x step_required - surplus."""
-        surplus = ctx.total_generated_samples - ctx.expected_samples
-        return self.deactivate_ratio * ctx.step_required_samples - surplus
 
     def _refresh_per_sample_time(self, ctx: DynamicScheduleContext) -> float:
         total_wait_s = sum(ctx.step_wait_times)

@@ -3,6 +3,8 @@
 Where it sits: registered under "fixed_ratio" (imported by `policies/__init__.py`,
 so it is available by default, unlike the original where the import was
 missing); used for fixed-ratio ablations. Pure: everything comes from the context.
+The "default" policy extends this one (same deactivation and gap; adds
+adaptation and a cost gate), so the shared rules have one implementation.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class FixedRatioDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     lie in [0, 1]; only_hybrid pins it at 1.0 (as the original did).
     """
 
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool,
+                          ctx: DynamicScheduleContext) -> bool:
         return is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
@@ -33,7 +36,9 @@ class FixedRatioDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
-        if self.only_hybrid:
-            return True
+        return self.only_hybrid or self.deactivate_gap(ctx) > 0
+
+    def deactivate_gap(self, ctx: DynamicScheduleContext) -> float:
+        """Samples still missing to reach the deactivate threshold: ratio x step_required - surplus."""
         surplus = ctx.total_generated_samples - ctx.expected_samples
-        return surplus < self.deactivate_ratio * ctx.step_required_samples
+        return self.deactivate_ratio * ctx.step_required_samples - surplus

@@ -27,7 +27,8 @@ class StaticFullyAsyncPolicy(DynamicSchedulePolicyBase):
     def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False):
         super().__init__(deactivate_ratio, only_hybrid)
 
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool,
+                          ctx: DynamicScheduleContext) -> bool:
         return is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:

@@ -29,7 +29,7 @@ import redis
 from policies.check import load_checked_config
 from services import launcher
 from shared.config import config_json_schema
-from shared.names import DEFAULT_NAMESPACE, Names
+from shared.names import DEFAULT_NAMESPACE, Names, RunStatus
 
 DEFAULT_REDIS_URL = os.environ.get("DYNSCHED_REDIS_URL", "redis://127.0.0.1:6379/0")
 HTTP_TIMEOUT_S = 10.0
@@ -40,7 +40,7 @@ class CliError(Exception):
     """A failure to report as one line on stderr (exit status 1)."""
 
 
-# -- run / up ------------------------------------------------------------------------------------------------------
+# -- run / up ------------------------------------------------------------------------------------------
 
 
 def default_out_dir(config_path: str, prefix: str = "") -> Path:
@@ -50,16 +50,19 @@ def default_out_dir(config_path: str, prefix: str = "") -> Path:
 def run_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh: bool,
                 timeout_s: float | None, progress: bool) -> int:
     """Run one training job end to end; print where its outputs are. Non-zero if a sample was lost."""
-    summary = launcher.run_job(config_path, out_dir, redis_url, fresh=fresh, progress=progress, timeout_s=timeout_s)
+    summary = launcher.run_job(config_path, out_dir, redis_url, fresh=fresh, progress=progress,
+                               timeout_s=timeout_s)
     samples, switches = summary["samples"], summary["switches"]
     print(f"{summary.get('status', '?')} in {summary['wall_time_s']:.1f}s: policy {summary['policy']}, "
           f"{summary['param_versions']} weight versions, {summary['micro_steps']} micro-steps")
     print("samples: " + ", ".join(f"{key}={value}" for key, value in samples.items()))
     print(f"switches: {switches['activations']} activations, {switches['deactivations']} deactivations")
-    print(f"outputs: {out_dir}/summary.json, {out_dir}/metrics.jsonl ({summary.get('num_cycles', 0)} cycles), "
+    print(f"outputs: {out_dir}/summary.json, "
+          f"{out_dir}/metrics.jsonl ({summary.get('num_cycles', 0)} cycles), "
           f"{out_dir}/audit.jsonl, logs in {out_dir}/logs/")
-    if samples["lost"] != 0:
-        print(f"{PROG}: error: {samples['lost']} sample(s) lost (fed != generating+queued+trained+dropped)",
+    if samples[launcher.LOST] != 0:
+        print(f"{PROG}: error: {samples[launcher.LOST]} sample(s) lost "
+              "(fed != generating+queued+trained+dropped)",
               file=sys.stderr)
         return 1
     return 0
@@ -69,18 +72,19 @@ def up_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh:
     """Start every service and keep them running until Ctrl-C (or SIGTERM)."""
     with launcher.Job(config_path=config_path, out_dir=out_dir, redis_url=redis_url, fresh=fresh) as job:
         print(f"redis: {job.redis_url} (namespace {job.names.namespace}); logs: {job.log_dir}", flush=True)
-        address, status = None, ""
+        address: str | None = None
+        status: RunStatus | None = None
         while True:
             if address is None and (address := launcher.admin_address(job.redis, job.names)):
                 print(f"admin API: http://{address}   try: {PROG} status --redis-url {job.redis_url} "
                       f"--namespace {job.names.namespace}", flush=True)
-            if (new_status := job.poll()) == "done" and status != "done":
+            if (new_status := job.poll()) is RunStatus.DONE and status is not RunStatus.DONE:
                 print("training finished; the services stay up until Ctrl-C", flush=True)
             status = new_status
             time.sleep(launcher.POLL_INTERVAL_S)
 
 
-# -- admin API -----------------------------------------------------------------------------------------------------
+# -- admin API -----------------------------------------------------------------------------------------
 
 
 def find_admin(*, redis_url: str, namespace: str) -> str:
@@ -93,7 +97,8 @@ def find_admin(*, redis_url: str, namespace: str) -> str:
         raise CliError(f"cannot read Redis at {redis_url}: {exc}") from exc
     if not address:
         raise CliError(f"no controller admin address at {names.controller_admin} on {redis_url}; "
-                       f"is a run up there (namespace {namespace!r})? Pass --redis-url/--namespace or --admin.")
+                       f"is a run up there (namespace {namespace!r})? "
+                       "Pass --redis-url/--namespace or --admin.")
     return address
 
 
@@ -119,7 +124,8 @@ def _error_text(response: httpx.Response) -> str:
     except (ValueError, AttributeError):
         return response.text
     if isinstance(detail, list) and all(isinstance(item, dict) and "msg" in item for item in detail):
-        return "; ".join(".".join(str(p) for p in item.get("loc", ())) + f": {item['msg']}" for item in detail)
+        return "; ".join(".".join(str(p) for p in item.get("loc", ())) + f": {item['msg']}"
+                         for item in detail)
     return detail if isinstance(detail, str) else response.text
 
 
@@ -133,7 +139,7 @@ def policy_body(*, name: str | None, ratio: float | None) -> dict[str, Any] | No
     return body or None
 
 
-# -- wiring --------------------------------------------------------------------------------------------------------
+# -- wiring --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     activate = commands.add_parser("activate", help="force the hybrids on at the next safe point")
     deactivate = commands.add_parser("deactivate", help="force the hybrids off at the next safe point")
     policy = commands.add_parser("policy", help="show the policy, or change its name / deactivate ratio")
-    policy.add_argument("--name", help="registered policy name, e.g. default, fixed_ratio, static_fully_async")
+    policy.add_argument("--name",
+                        help="registered policy name, e.g. default, fixed_ratio, static_fully_async")
     policy.add_argument("--ratio", type=float, help="dynamic_schedule_deactivate_ratio")
     for sub in (status, activate, deactivate, policy):
         sub.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
@@ -229,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                 body = policy_body(name=args.name, ratio=args.ratio)
                 print_json(call_admin(address, "PUT" if body else "GET", "/policy", body))
             else:
-                print_json(call_admin(address, "GET" if args.command == "status" else "POST", f"/{args.command}"))
+                print_json(call_admin(address, "GET" if args.command == "status" else "POST",
+                                      f"/{args.command}"))
             return 0
         return int(args.handler(args) or 0)  # a subcommand registered by sim.cli (simulate, plan)
     except KeyboardInterrupt:

@@ -12,13 +12,12 @@ the controller's admin API. A run, in order:
   4. Watch: progress from `trainer_state.global_steps`; a child exiting non-zero marks
      the run failed, stops everything and raises `ServiceCrashed` (with its log tail).
   5. At `status == done`: `GET /status` once, stop every child (SIGTERM, then SIGKILL),
-     write `metrics.jsonl`, `audit.jsonl`, `summary.json`; stop the embedded Redis.
+     write `metrics.jsonl`, `audit.jsonl`, `summary.json` (services/run_outputs.py); stop
+     the embedded Redis.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -26,20 +25,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis
 
 from core.flow import FlowLimits
-from services.report import write_report
-from shared import schema
+from services.run_outputs import LOST as LOST
+from services.run_outputs import admin_address as admin_address
+from services.run_outputs import fetch_admin_status, read_hash, write_outputs
+from services.run_outputs import read_stream as read_stream
+from services.run_outputs import sample_counts as sample_counts
 from shared.bus import text
 from shared.config import Config, load_config
-from shared.names import Names
+from shared.names import Names, RunStateField, RunStatus, TrainerStateField
 from shared.runtime import free_port
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REDIS_START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.2
-ADMIN_TIMEOUT_S = 5.0
 LOG_TAIL_LINES = 30
-ACCOUNTING_FIELDS = ("fed", "generating", "queued", "trained", "dropped")
 
 
 class ServiceCrashed(RuntimeError):
@@ -97,7 +95,8 @@ class EmbeddedRedis:
                 return self.url
             stop_services({"redis": self.proc})
         self.stop()
-        raise RuntimeError(f"embedded redis-server did not start after {attempts} attempts; see {self.log_path}")
+        raise RuntimeError(f"embedded redis-server did not start after {attempts} attempts; "
+                           f"see {self.log_path}")
 
     def _wait_ready(self) -> bool:
         assert self.proc is not None
@@ -151,7 +150,8 @@ def service_specs(config: Config) -> list[ServiceSpec]:
             ServiceSpec(name="trainer", module="services.trainer")]
 
 
-def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str, log_path: Path) -> subprocess.Popen[bytes]:
+def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str,
+                  log_path: Path) -> subprocess.Popen[bytes]:
     """Start one child in its own session (so the launcher, not the terminal, decides the stop order)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)}
@@ -162,7 +162,8 @@ def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str, log_p
                                 start_new_session=True)
 
 
-def stop_services(procs: dict[str, subprocess.Popen[bytes]], *, timeout_s: float = STOP_TIMEOUT_S) -> dict[str, int]:
+def stop_services(procs: dict[str, subprocess.Popen[bytes]], *,
+                  timeout_s: float = STOP_TIMEOUT_S) -> dict[str, int]:
     """SIGTERM every child (last started first), SIGKILL what is left after `timeout_s`; the exit codes."""
     for proc in reversed(procs.values()):
         if proc.poll() is None:
@@ -183,73 +184,9 @@ def log_tail(path: Path, num_lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(lines[-num_lines:])
 
 
-def read_hash(client: redis.Redis, key: str) -> dict[str, str]:
-    return {text(k): text(v) for k, v in client.hgetall(key).items()}  # type: ignore[union-attr]
-
-
-def read_stream(client: redis.Redis, stream: str, *, batch: int = 1000) -> Iterator[tuple[str, schema.Message]]:
-    """Every entry of `stream`, decoded, oldest first; malformed entries are logged and skipped."""
-    start = "-"
-    while True:
-        entries: Any = client.xrange(stream, min=start, max="+", count=batch)
-        if not entries:
-            return
-        for entry_id, fields in entries:
-            try:
-                yield text(entry_id), schema.decode(fields)
-            except schema.MalformedMessage as exc:
-                log.warning("skipping malformed entry %s on %s: %s", text(entry_id), stream, exc)
-        start = "(" + text(entries[-1][0])
-
-
-def admin_address(client: redis.Redis, names: Names) -> str | None:
-    value = client.get(names.controller_admin)
-    return text(value) if value else None
-
-
-def fetch_admin_status(address: str | None) -> dict[str, Any]:
-    """`GET /status` of the controller, or {} (logged) when it cannot be reached."""
-    if not address:
-        log.warning("no controller admin address in Redis; summary lacks the controller's view")
-        return {}
-    try:
-        response = httpx.get(f"http://{address}/status", timeout=ADMIN_TIMEOUT_S)
-        response.raise_for_status()
-        return dict(response.json())
-    except (httpx.HTTPError, ValueError) as exc:
-        log.warning("GET http://%s/status failed: %s", address, exc)
-        return {}
-
-
-def sample_counts(accounting: dict[str, str]) -> dict[str, int]:
-    """The accounting hash as ints (missing = 0) plus `lost` = fed - everything accounted for."""
-    counts = {name: int(float(accounting.get(name, 0))) for name in ACCOUNTING_FIELDS}
-    counts["lost"] = counts["fed"] - sum(counts[name] for name in ACCOUNTING_FIELDS if name != "fed")
-    return counts
-
-
 def total_micro_steps(config: Config) -> int:
     limits = FlowLimits.from_config(config)
     return limits.total_train_steps * limits.trigger_parameter_sync_step
-
-
-def write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> int:
-    lines = [json.dumps(row) + "\n" for row in rows]
-    path.write_text("".join(lines))
-    return len(lines)
-
-
-def write_outputs(client: redis.Redis, names: Names, out_dir: Path, summary: dict[str, Any]) -> None:
-    """`metrics.jsonl` (seed metric names as keys), `audit.jsonl` and `summary.json` under `out_dir`."""
-    metrics = (
-        {"version": m.version, "global_steps": m.global_steps, "t": m.t, **m.metrics}
-        for _, m in read_stream(client, names.metrics) if isinstance(m, schema.CycleMetrics))
-    audit = ({"id": entry_id, **dataclasses.asdict(e)}
-             for entry_id, e in read_stream(client, names.audit) if isinstance(e, schema.AuditEvent))
-    summary["num_cycles"] = write_jsonl(out_dir / "metrics.jsonl", metrics)
-    summary["num_audit_events"] = write_jsonl(out_dir / "audit.jsonl", audit)
-    summary["charts"] = [p.name for p in write_report(out_dir)]
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 class Job:
@@ -283,11 +220,13 @@ class Job:
             self.client = redis.Redis.from_url(self.redis_url, socket_timeout=10.0)
             claim_namespace(self.client, self.names, fresh=self.fresh)
             self._owns_namespace = True
-            self.client.hset(self.names.run_state, mapping={"status": "running", "started_at": time.time()})
+            self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.RUNNING,
+                                                            RunStateField.STARTED_AT: time.time()})
             shutil.copyfile(self.config_path, self.out_dir / "config.yaml")
             self._started_s = time.monotonic()
             for spec in service_specs(self.config):
-                self.procs[spec.name] = start_service(spec, config_path=self.config_path, redis_url=self.redis_url,
+                self.procs[spec.name] = start_service(spec, config_path=self.config_path,
+                                                      redis_url=self.redis_url,
                                                       log_path=self.log_dir / f"{spec.name}.log")
         except BaseException:
             self.close()
@@ -315,13 +254,16 @@ class Job:
     def elapsed_s(self) -> float:
         return time.monotonic() - self._started_s
 
-    def poll(self) -> str:
-        """The run's status; raises ServiceCrashed when a child died, RuntimeError when the run failed."""
+    def poll(self) -> RunStatus | None:
+        """The run's status (None before it is set); raises ServiceCrashed when a child died,
+        RuntimeError when the run failed."""
         state = read_hash(self.redis, self.names.run_state)
-        if state.get("status") == "failed":
-            raise RuntimeError(f"the run was marked failed: {state.get('reason', 'no reason given')}")
-        if state.get("status") == "done":
-            return "done"
+        status = RunStatus(state[RunStateField.STATUS]) if RunStateField.STATUS in state else None
+        if status is RunStatus.FAILED:
+            reason = state.get(RunStateField.REASON, "no reason given")
+            raise RuntimeError(f"the run was marked failed: {reason}")
+        if status is RunStatus.DONE:
+            return status
         for name, proc in self.procs.items():
             if proc.poll() not in (None, 0):
                 path = self.log_dir / f"{name}.log"
@@ -329,14 +271,18 @@ class Job:
                                      f"--- last lines of {path.name} ---\n{log_tail(path)}")
         if all(proc.poll() is not None for proc in self.procs.values()):
             raise ServiceCrashed(f"every service exited before the run was done; logs in {self.log_dir}")
-        return state.get("status", "")
+        return status
 
     def completed_micro_steps(self) -> int:
-        return max(0, int(read_hash(self.redis, self.names.trainer_state).get("global_steps", "1")) - 1)
+        trainer = read_hash(self.redis, self.names.trainer_state)
+        return max(0, int(trainer.get(TrainerStateField.GLOBAL_STEPS, "1")) - 1)
 
     def fail(self, reason: str) -> None:
-        if self.client is not None and read_hash(self.client, self.names.run_state).get("status") != "done":
-            self.client.hset(self.names.run_state, mapping={"status": "failed", "reason": reason[:2000]})
+        if self.client is None:
+            return
+        if read_hash(self.client, self.names.run_state).get(RunStateField.STATUS) != RunStatus.DONE:
+            self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.FAILED,
+                                                            RunStateField.REASON: reason[:2000]})
 
     def stop(self) -> dict[str, int]:
         self.exit_codes = self.exit_codes or (stop_services(self.procs) if self.procs else {})
@@ -352,32 +298,37 @@ class Job:
 
     def summary(self, *, wall_time_s: float, admin: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config.async_training
-        policy = admin.get("policy") or {"name": cfg.dynamic_schedule_policy if cfg.use_dynamic_resource_scheduling
-                                         else "none", "deactivate_ratio": cfg.dynamic_schedule_deactivate_ratio}
+        name = cfg.dynamic_schedule_policy if cfg.use_dynamic_resource_scheduling else "none"
+        ratio = cfg.dynamic_schedule_deactivate_ratio
+        policy = admin.get("policy") or {"name": name, "deactivate_ratio": ratio}
+        trainer = read_hash(self.redis, self.names.trainer_state)
         return {
             **read_hash(self.redis, self.names.run_state), "config": str(self.config_path),
             "namespace": self.names.namespace, "redis_url": "embedded" if self.embedded else self.redis_url,
             "wall_time_s": round(wall_time_s, 3), "policy": policy.get("name"), "policy_config": policy,
-            "param_versions": int(read_hash(self.redis, self.names.trainer_state).get("version", 0)),
+            "param_versions": int(trainer.get(TrainerStateField.VERSION, 0)),
             "micro_steps": self.completed_micro_steps(), "total_micro_steps": self.total_micro_steps,
-            "replicas": {"standalone": len(self.config.standalone_ids), "hybrid": len(self.config.hybrid_ids)},
+            "replicas": {"standalone": len(self.config.standalone_ids),
+                         "hybrid": len(self.config.hybrid_ids)},
             "samples": sample_counts(read_hash(self.redis, self.names.accounting)),
-            "switches": {"activations": admin.get("activations"), "deactivations": admin.get("deactivations")},
+            "switches": {"activations": admin.get("activations"),
+                         "deactivations": admin.get("deactivations")},
             "mode": admin.get("mode"), "exit_codes": self.exit_codes, "controller_status": admin,
         }
 
 
-def run_job(config_path: str | Path, out_dir: str | Path, redis_url: str | None = None, *, fresh: bool = False,
-            progress: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
+def run_job(config_path: str | Path, out_dir: str | Path, redis_url: str | None = None, *,
+            fresh: bool = False, progress: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
     """Run the configured training to the end; the summary (also in `out_dir/summary.json`)."""
     from tqdm import tqdm
 
     with Job(config_path=config_path, out_dir=out_dir, redis_url=redis_url, fresh=fresh) as job:
         disable = None if progress else True  # None: tqdm turns itself off when not on a terminal
         with tqdm(total=job.total_micro_steps, unit="step", desc=job.config.run.name, disable=disable) as bar:
-            while job.poll() != "done":
+            while job.poll() is not RunStatus.DONE:
                 if timeout_s is not None and job.elapsed_s > timeout_s:
-                    raise TimeoutError(f"the run did not finish within {timeout_s:.0f}s; logs in {job.log_dir}")
+                    raise TimeoutError(f"the run did not finish within {timeout_s:.0f}s; "
+                                       f"logs in {job.log_dir}")
                 bar.update(min(job.completed_micro_steps(), job.total_micro_steps) - bar.n)
                 time.sleep(POLL_INTERVAL_S)
             bar.update(min(job.completed_micro_steps(), job.total_micro_steps) - bar.n)

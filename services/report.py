@@ -12,20 +12,28 @@ run's JSONL files. Nothing here talks to Redis or to a service.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import msgspec
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from core.controller import SyncWeights  # noqa: E402
+from shared.schema import AuditEvent, AuditKind, AuditPhase, ReplicaState  # noqa: E402
+from shared.vocab import LaneState  # noqa: E402
 from sim.plots import COLORS  # noqa: E402  (one palette for simulated and recorded runs)
 
-_STATE_CATEGORY = {"serving": "rollout", "paused": "switch", "sleeping": "idle"}
+_STATE_CATEGORY = {ReplicaState.SERVING: LaneState.ROLLOUT, ReplicaState.PAUSED: LaneState.SWITCH,
+                   ReplicaState.SLEEPING: LaneState.IDLE}
+TRAINER = "trainer"
+"""The subject of the trainer's audit events, and the chart row of its compute."""
 
-Interval = tuple[float, float, str]
+Interval = tuple[float, float, LaneState]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -34,60 +42,69 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def timeline(events: list[dict[str, Any]]) -> dict[str, list[Interval]]:
-    """Per row (replica ids, 'trainer'): (start, end, category) intervals, times relative to the first event."""
+def read_audit(path: Path) -> list[AuditEvent]:
+    """The typed events of an `audit.jsonl` (one AuditEvent as a JSON object per line)."""
+    return [msgspec.convert(row, AuditEvent) for row in read_jsonl(path)]
+
+
+def timeline(events: list[AuditEvent]) -> dict[str, list[Interval]]:
+    """Per row (replica ids, 'trainer'): (start, end, category) intervals, times relative to the
+    first event."""
     if not events:
         return {}
-    t0 = events[0]["t"]
-    events = [{**e, "t": e["t"] - t0} for e in events]
+    t0 = events[0].t
+    events = [dataclasses.replace(e, t=e.t - t0) for e in events]
     rows = _replica_states(events)
     train = _train_intervals(events)
     for event in events:
-        if event["kind"] == "command" and event["detail"].startswith("sync_weights"):
-            duration_s = float(event["detail"].rsplit(" ", 1)[1].rstrip("s"))
-            for replica_id in rows:
-                if replica_id in event["detail"]:
-                    # A sync can start before the first recorded event (a worker still booting).
-                    rows[replica_id].append((max(0.0, event["t"] - duration_s), event["t"], "sync"))
+        if event.kind is AuditKind.COMMAND and event.command == SyncWeights.kind:
+            duration_s = event.duration_s or 0.0
+            for replica_id in set(event.replica_ids) & set(rows):
+                # A sync can start before the first recorded event (a worker still booting).
+                rows[replica_id].append((max(0.0, event.t - duration_s), event.t, LaneState.SYNC))
     for replica_id in rows:
         if replica_id.startswith("hybrid"):
             rows[replica_id] += train  # hybrids sleep while their GPUs train
-    rows["trainer"] = train
+    rows[TRAINER] = train
     return rows
 
 
-def _replica_states(events: list[dict[str, Any]]) -> dict[str, list[Interval]]:
+def _replica_states(events: list[AuditEvent]) -> dict[str, list[Interval]]:
     rows: dict[str, list[Interval]] = {}
-    since: dict[str, tuple[float, str]] = {}
-    for event in (e for e in events if e["kind"] == "replica_state"):
-        subject = event["subject"]
+    since: dict[str, tuple[float, LaneState]] = {}
+    for event in events:
+        if event.kind is not AuditKind.REPLICA_STATE or event.state is None:
+            continue
+        subject = event.subject
         if subject in since:
-            rows[subject].append((since[subject][0], event["t"], since[subject][1]))
+            rows[subject].append((since[subject][0], event.t, since[subject][1]))
         rows.setdefault(subject, [])
-        since[subject] = (event["t"], _STATE_CATEGORY.get(event["detail"].split()[0], "idle"))
+        since[subject] = (event.t, _STATE_CATEGORY[event.state])
     for subject, (start, category) in since.items():
-        rows[subject].append((start, events[-1]["t"], category))
+        rows[subject].append((start, events[-1].t, category))
     return rows
 
 
-def _train_intervals(events: list[dict[str, Any]]) -> list[Interval]:
-    intervals, started = [], None
-    for event in (e for e in events if e["kind"] == "phase" and e["subject"] == "trainer"):
-        if event["detail"].startswith("train_start"):
-            started = event["t"]
-        elif event["detail"].startswith("train_end") and started is not None:
-            intervals.append((started, event["t"], "train"))
+def _train_intervals(events: list[AuditEvent]) -> list[Interval]:
+    intervals: list[Interval] = []
+    started = None
+    for event in (e for e in events if e.kind is AuditKind.PHASE and e.subject == TRAINER):
+        if event.phase is AuditPhase.TRAIN_START:
+            started = event.t
+        elif event.phase is AuditPhase.TRAIN_END and started is not None:
+            intervals.append((started, event.t, LaneState.TRAIN))
             started = None
     return intervals
 
 
 def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
     order = sorted(r for r in rows if r.startswith("standalone")) + sorted(
-        r for r in rows if r.startswith("hybrid")) + ["trainer"]
+        r for r in rows if r.startswith("hybrid")) + [TRAINER]
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(order) + 1.5))
     for y, row in enumerate(reversed(order)):
         # Draw idle and rollout first so short sync/switch/train bars stay visible on top.
-        for category in ("idle", "rollout", "switch", "sync", "train"):
+        for category in (LaneState.IDLE, LaneState.ROLLOUT, LaneState.SWITCH, LaneState.SYNC,
+                         LaneState.TRAIN):
             bars = [(s, e - s) for s, e, c in rows.get(row, []) if c == category and e > s]
             ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=COLORS[category])
     ax.set_yticks(range(len(order)), list(reversed(order)))
@@ -114,7 +131,7 @@ def plot_reward_curve(metrics: list[dict[str, Any]], path: Path) -> None:
 def write_report(out_dir: Path) -> list[Path]:
     """Draw both charts into `out_dir`; returns the paths written."""
     written = []
-    rows = timeline([e for e in read_jsonl(out_dir / "audit.jsonl") if "t" in e])
+    rows = timeline(read_audit(out_dir / "audit.jsonl"))
     if rows:
         plot_resource_time(rows, out_dir / "resource_time.png")
         written.append(out_dir / "resource_time.png")

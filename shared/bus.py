@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -43,20 +42,19 @@ class Bus:
                 pipe.xadd(stream, schema.encode(message))  # type: ignore[arg-type]
             await pipe.execute()
 
-    async def audit(self, *, kind: str, subject: str, detail: str, version: int = -1) -> None:
-        event = schema.AuditEvent(kind=kind, subject=subject, detail=detail, t=time.time(), version=version)
+    async def record(self, event: schema.AuditEvent) -> None:
+        """Append a lifecycle event to the audit stream."""
         await self.publish(self.names.audit, event)
 
     async def serve_commands(self, sub: Subscription, stop: asyncio.Event, *, sender: str,
-                             apply: Callable[[schema.Command], Awaitable[dict[str, Any]]]) -> None:
-        """Apply each controller Command in order and acknowledge it: ok with `apply`'s data, or
-        not ok with the ValueError's text (unknown action, illegal in this state)."""
+                             apply: Callable[[schema.Command], Awaitable[schema.Report | None]]) -> None:
+        """Apply each Command in order and acknowledge it: ok with `apply`'s typed report, or not ok
+        with the ValueError's text (unknown action, illegal in this state)."""
         while not stop.is_set():
             for entry_id, message in await sub.read(count=16, block_ms=200):
                 if isinstance(message, schema.Command):
                     try:
-                        ack = schema.CommandAck(command_id=message.command_id, sender=sender, ok=True,
-                                                data=await apply(message))
+                        ack = schema.CommandAck.answer(message, sender=sender, report=await apply(message))
                     except ValueError as exc:
                         log.error("%s rejected %s %s: %s", sender, message.command_id, message.action, exc)
                         ack = schema.CommandAck(command_id=message.command_id, sender=sender, ok=False,
@@ -87,7 +85,8 @@ class Subscription:
             try:
                 decoded.append((entry.entry_id.decode(), schema.decode(entry.fields)))
             except schema.MalformedMessage as exc:
-                log.error("dead-lettering malformed entry %s on %s: %s", entry.entry_id, self.consumer.stream, exc)
+                log.error("dead-lettering malformed entry %s on %s: %s", entry.entry_id, self.consumer.stream,
+                          exc)
                 await self.consumer.dead_letter(entry, reason=f"malformed: {exc}")
         return decoded
 

@@ -13,8 +13,11 @@ Data flow over the streams:
     samples not yet taken by the trainer)
     trainer --trainer_events--> controller --trainer_replies / trainer_commands--> trainer
     controller --worker_commands(id) / lb_commands / rollouter_commands--> peers
-    peers --controller_acks--> controller
+    trainer --worker_commands(id)--> rollout-worker (a weight sync: reload or push steps)
+    peers --controller_acks--> the command's sender (controller, or trainer)
     everyone --audit--> (tests, charts, redis-cli)
+
+(docs/contracts.md draws it, with what each stream carries.)
 """
 
 from __future__ import annotations
@@ -38,11 +41,9 @@ MAX_DELIVERIES = 5
 """An entry delivered this many times without an ack goes to the dead-letter stream."""
 
 
-
-
 class SampleState(StrEnum):
-    """A sample's lifecycle state in the `sample_states` hash (fed -> generating -> queued -> trained,
-    or dropped with a reason)."""
+    """A sample's lifecycle state, the values of the `sample_states` hash
+    (fed -> generating -> queued -> trained, or dropped with a reason)."""
 
     GENERATING = "generating"
     QUEUED = "queued"
@@ -61,42 +62,48 @@ class AccountingField(StrEnum):
 
 
 class RolloutStateField(StrEnum):
-    """Fields of the `rollouter_state` hash: the rollouter's counters and its status snapshot."""
+    """Fields of the `rollouter_state` hash: the rollouter's counters and status snapshot."""
 
     EPOCH = "epoch"
+    """Incremented at every rollouter start: the attempt numbers' epoch."""
     FED = "fed"
     TOTAL_GENERATED = "total_generated"
     COMPLETED_STEPS = "completed_steps"
     VERSION = "version"
     NUM_REPLICAS = "num_replicas"
     PAUSED = "paused"
+    """'1' while paused by staleness or a full queue."""
     ACTIVE_TASKS = "active_tasks"
     FEED_DONE = "feed_done"
+    """'1' once every prompt was fed."""
     MAX_CONCURRENT_SAMPLES = "max_concurrent_samples"
     STALENESS_SAMPLES = "staleness_samples"
     MQ_SIZE = "mq_size"
 
 
 class TrainerStateField(StrEnum):
-    """Fields of the `trainer_state` hash: the trainer's progress, read back on restart."""
+    """Fields of the `trainer_state` hash."""
 
     RUN_ID = "run_id"
     GLOBAL_STEPS = "global_steps"
+    """The next micro-step to train (1 before any)."""
     VERSION = "version"
+    """The parameter version trained so far."""
     STALE_TRAJECTORIES = "stale_trajectories"
-    INITIAL_SYNC_DONE = "initial_sync_done"
     WEIGHTS_VERSION = "weights_version"
-    """The newest exported version, which a (re)starting rollout worker loads before serving."""
+    """The version of the last sync: what a (re)starting rollout worker loads."""
     WEIGHTS_PATH = "weights_path"
+    INITIAL_SYNC_DONE = "initial_sync_done"
 
 
 class RunStateField(StrEnum):
     """Fields of the `run_state` hash."""
 
     STATUS = "status"
+    """A RunStatus."""
     STARTED_AT = "started_at"
     REASON = "reason"
-    """Why a run failed."""
+    """Why the run failed."""
 
 
 class RunStatus(StrEnum):
@@ -162,7 +169,7 @@ class Names:
 
     @property
     def trainer_replies(self) -> str:
-        """Controller -> trainer replies to its handshake phases (gpus ready, sync done)."""
+        """Controller -> trainer replies (gpus released, release your GPU, sync done)."""
         return self._key("trainer", "replies")
 
     @property
@@ -207,27 +214,27 @@ class Names:
 
     @property
     def rollouter_state(self) -> str:
-        """Hash of the rollouter's counters (total_generated, completed_steps, paused, ...)."""
+        """Hash of the rollouter's counters and status (fields: RolloutStateField)."""
         return self._key("rollouter", "state")
 
     @property
     def sample_states(self) -> str:
-        """Hash sample_id -> lifecycle state (generating, queued, trained, dropped)."""
+        """Hash sample_id -> its SampleState."""
         return self._key("samples")
 
     @property
     def accounting(self) -> str:
-        """Hash of counters: fed, generating, queued, trained, dropped."""
+        """Hash of counters (fields: AccountingField): fed = generating + queued + trained + dropped."""
         return self._key("accounting")
 
     @property
     def trainer_state(self) -> str:
-        """Hash: param_version, global_steps, done."""
+        """Hash of the trainer's progress (fields: TrainerStateField)."""
         return self._key("trainer", "state")
 
     @property
     def replica_states(self) -> str:
-        """Hash replica_id -> engine state (active, paused, sleeping) and version."""
+        """Hash replica_id -> "{ReplicaState}:{version}" (e.g. "serving:3")."""
         return self._key("replicas")
 
     def worker_heartbeat(self, replica_id: str) -> str:
@@ -239,5 +246,5 @@ class Names:
 
     @property
     def run_state(self) -> str:
-        """Hash: status (running, done, failed), started_at."""
+        """Hash of the run's status (fields: RunStateField; status: a RunStatus)."""
         return self._key("run")

@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 from shared.bus import Bus, text
-from shared.schema import Command, CommandAck, MalformedMessage, decode
+from shared.schema import Command, CommandAck, CommandAction, MalformedMessage, decode
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +43,35 @@ class CommandClient:
         if self._reader:
             self._reader.cancel()
 
-    async def call(self, stream: str, action: str, **fields: object) -> CommandAck:
-        command = Command(command_id=uuid.uuid4().hex, action=action, **fields)  # type: ignore[arg-type]
+    async def call(self, stream: str, action: CommandAction, **fields: object) -> CommandAck:
+        """Send and await the ack; CommandFailed when rejected or never acked."""
+        command = _command(action, fields)
         future: asyncio.Future[CommandAck] = asyncio.get_running_loop().create_future()
         self._waiting[command.command_id] = future
         try:
             for attempt in range(1, self.max_attempts + 1):
                 await self.bus.publish(stream, command)
                 try:
-                    async with asyncio.timeout(self.timeout_s):  # not wait_for: it can swallow a cancel on 3.11
+                    # not wait_for: it can swallow a cancel on 3.11
+                    async with asyncio.timeout(self.timeout_s):
                         ack = await asyncio.shield(future)
                 except TimeoutError:
-                    log.warning("no ack for %s on %s (attempt %d/%d)", action, stream, attempt, self.max_attempts)
+                    log.warning("no ack for %s on %s (attempt %d/%d)", command.action, stream, attempt,
+                                self.max_attempts)
                     continue
                 if not ack.ok:
-                    raise CommandFailed(f"{ack.sender} rejected {action}: {ack.error}")
+                    raise CommandFailed(f"{ack.sender} rejected {command.action}: {ack.error}")
                 return ack
-            raise CommandFailed(f"no ack for {action} on {stream} after {self.max_attempts} attempts")
+            raise CommandFailed(f"no ack for {command.action} on {stream} after {self.max_attempts} attempts")
         finally:
             self._waiting.pop(command.command_id, None)
 
-    async def send(self, stream: str, action: str, **fields: object) -> None:
+    async def send(self, stream: str, action: CommandAction, **fields: object) -> None:
         """Publish without waiting for an ack (to a peer that is down: it replays it on restart)."""
-        await self.bus.publish(stream, Command(command_id=uuid.uuid4().hex, action=action, **fields))  # type: ignore[arg-type]
+        await self.bus.publish(stream, _command(action, fields))
 
-    async def call_many(self, streams: list[str], action: str, **fields: object) -> list[CommandAck]:
+    async def call_many(self, streams: list[str], action: CommandAction,
+                        **fields: object) -> list[CommandAck]:
         return list(await asyncio.gather(*(self.call(s, action, **fields) for s in streams)))
 
     async def _read_acks(self, last_id: str) -> None:
@@ -88,3 +92,8 @@ class CommandClient:
                     future = self._waiting.get(ack.command_id)
                     if future is not None and not future.done():
                         future.set_result(ack)
+
+
+def _command(action: CommandAction, fields: dict[str, object]) -> Command:
+    return Command(command_id=uuid.uuid4().hex, action=action,
+                   **fields)  # type: ignore[arg-type]

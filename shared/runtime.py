@@ -57,7 +57,8 @@ def load(args: argparse.Namespace) -> tuple[Config, Names]:
     return config, Names(config.run.namespace)
 
 
-def run_until_stopped(body: Callable[[Bus, asyncio.Event], Awaitable[None]], *, redis_url: str, names: Names) -> None:
+def run_until_stopped(body: Callable[[Bus, asyncio.Event], Awaitable[None]], *, redis_url: str,
+                      names: Names) -> None:
     """Run `body(bus, stop)`; SIGTERM/SIGINT set `stop`; the Redis client is closed in `finally`."""
 
     async def main() -> None:

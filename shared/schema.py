@@ -2,116 +2,37 @@
 
 Where it sits: services build these dataclasses and call `encode` before XADD,
 `decode` after XREAD. Nothing else touches stream field encoding
-(STYLE.md rule 1).
-
-Wire format: scalar fields (str, int, float, bool) are plain string fields so
-`redis-cli XRANGE` is readable; everything bulky or nested (token ids,
-logprobs, trajectories, metric dicts) goes into one msgpack field `payload`.
-Every message carries a `type` tag. A malformed entry raises
-`MalformedMessage` (a ValueError) naming the entry's problem; the reading
-service dead-letters it, it never crashes the loop.
+(STYLE.md rule 1): `shared/codec.py` says how a message maps onto stream
+fields (scalar fields as readable strings, everything bulky in one msgpack
+`payload`, a `type` tag); the closed vocabularies the fields are typed with
+live in `shared/vocab.py` and are re-exported here. A malformed entry raises
+`MalformedMessage` (a ValueError) naming the problem; the reading service
+dead-letters it, it never crashes the loop.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-import msgpack
+from shared.codec import PAYLOAD_FIELD as PAYLOAD_FIELD
+from shared.codec import TYPE_FIELD as TYPE_FIELD
+from shared.codec import Codec
+from shared.codec import MalformedMessage as MalformedMessage
+from shared.vocab import FINISHED as FINISHED
+from shared.vocab import PUSH_ACTIONS as PUSH_ACTIONS
+from shared.vocab import WEIGHT_ACTIONS as WEIGHT_ACTIONS
+from shared.vocab import AuditKind as AuditKind
+from shared.vocab import AuditPhase as AuditPhase
+from shared.vocab import CommandAction as CommandAction
+from shared.vocab import FinishReason as FinishReason
+from shared.vocab import PushStep as PushStep
+from shared.vocab import ReplicaState as ReplicaState
+from shared.vocab import TrainerAction as TrainerAction
+from shared.vocab import TrainerPhase as TrainerPhase
 
-PAYLOAD_FIELD = "payload"
-TYPE_FIELD = "type"
-_SCALARS = (str, int, float, bool)
-
-
-class MalformedMessage(ValueError):
-    """A stream entry that cannot be decoded into a known message."""
-
-
-# ---- closed vocabularies: every phase, action and reason on the wire is one of these ----
-
-
-class TrainerPhase(StrEnum):
-    """Trainer -> controller: where the trainer is in its cycle (TrainerEvent.phase)."""
-
-    MICRO_STEP_START = "micro_step_start"
-    """About to collect a micro-step's samples; waits for GPUS_READY."""
-    COLLECTED = "collected"
-    """The micro-step's samples were popped (wait time and samples missing at start)."""
-    MICRO_STEP_DONE = "micro_step_done"
-    """Trained; carries the micro-step's timings and stats."""
-    WEIGHTS_READY = "weights_ready"
-    """A new version is exported; waits for SYNC_DONE."""
-    DONE = "done"
-    """Every step trained; the run is over."""
-
-
-class TrainerAction(StrEnum):
-    """Controller -> trainer: the answer to a handshake phase (TrainerReply.action)."""
-
-    GPUS_READY = "gpus_ready"
-    """Answers MICRO_STEP_START: train now, no hybrid holds the trainer's GPUs."""
-    SYNC_DONE = "sync_done"
-    """Answers WEIGHTS_READY: every serving replica has the new version; go on."""
-
-
-class CommandAction(StrEnum):
-    """Controller (or trainer, for pushes) -> worker / load balancer / rollouter / trainer (Command.action)."""
-
-    # rollout worker
-    ABORT = "abort"
-    RESUME = "resume"
-    SLEEP = "sleep"
-    WAKE = "wake"
-    UPDATE_WEIGHTS = "update_weights"
-    """Reload a version from the filesystem."""
-    WEIGHTS_INIT = "weights_init"
-    WEIGHTS_START = "weights_start"
-    WEIGHTS_UPDATE = "weights_update"
-    WEIGHTS_FINISH = "weights_finish"
-    # load balancer
-    ADD = "add"
-    REMOVE = "remove"
-    CLEAR_STICKY = "clear_sticky"
-    INFLIGHT = "inflight"
-    # rollouter
-    SET_ACTIVE_REPLICAS = "set_active_replicas"
-    RESET_STALENESS = "reset_staleness"
-    # trainer (served while it waits for SYNC_DONE)
-    RELEASE_GPUS = "release_gpus"
-    """Offload: hybrids are about to wake on the trainer's GPUs."""
-    SYNC_WEIGHTS = "sync_weights"
-    """Bring replicas to a version (push, else or on failure the filesystem); acked with a WeightSyncReport."""
-
-
-WEIGHT_ACTIONS = frozenset({CommandAction.UPDATE_WEIGHTS, CommandAction.WEIGHTS_INIT, CommandAction.WEIGHTS_START,
-                            CommandAction.WEIGHTS_UPDATE, CommandAction.WEIGHTS_FINISH})
-"""The worker actions that load weights (the replica's lifecycle state is unchanged)."""
-
-
-class FinishReason(StrEnum):
-    """Why one generation attempt ended (GenerateResult.finish_reason, Trajectory.finish_reason)."""
-
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-    """Partial: aborted mid-generation, resumed elsewhere."""
-    REJECTED = "rejected"
-    """The replica was not serving; retried elsewhere."""
-
-
-class AuditKind(StrEnum):
-    """What an AuditEvent records."""
-
-    REPLICA_STATE = "replica_state"
-    SWITCH = "switch"
-    PHASE = "phase"
-    COMMAND = "command"
-    PUSH = "push"
-    LB = "lb"
-    DROP = "drop"
+# ---- messages ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,8 +44,8 @@ class Trajectory:
     response_token_ids: list[int]
     response_logprobs: list[float]
     """Log-probability of each sampled token under the weights that generated it."""
-    finish_reason: str
-    """'stop' or 'length' once finished."""
+    finish_reason: FinishReason
+    """STOP or LENGTH once finished."""
     reward: float = 0.0
     min_version: int = 0
     """Weight version of the first attempt."""
@@ -186,8 +107,8 @@ class GenerateResult:
     replica_id: str
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str
-    """'stop', 'length', 'abort' (partial, retry) or 'rejected' (replica not serving; retry)."""
+    finish_reason: FinishReason
+    """ABORT (partial) and REJECTED (the replica was not serving) are retried elsewhere."""
     weight_version: int
     attempt: int = 0
     """Echo of the request's attempt, so a late duplicate of an old attempt is ignored."""
@@ -196,33 +117,106 @@ class GenerateResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
-    """Controller -> worker / load balancer / rollouter: one idempotent action."""
+    """Controller (or the trainer, for a push) -> worker / load balancer / rollouter: one idempotent
+    action."""
 
     type: ClassVar[str] = "command"
     command_id: str
-    action: str
-    """Worker: abort, resume, sleep, wake, update_weights (filesystem), and the steps of a weight
-    push the trainer drives: weights_init, weights_start, weights_update, weights_finish. LB: add,
-    remove, clear_sticky, inflight. Rollouter: set_active_replicas, reset_staleness. Trainer:
-    release_gpus, sync_weights."""
+    action: CommandAction
     replica_ids: list[str] = field(default_factory=list)
+    """LB ADD / REMOVE: the replicas."""
     version: int = -1
+    """Worker weight actions: the version to load; rollouter RESET_STALENESS: the new version."""
     weights_path: str = ""
+    """UPDATE_WEIGHTS: the version's directory."""
     value: int = 0
+    """SET_ACTIVE_REPLICAS: the number of serving replicas."""
     data: dict[str, Any] = field(default_factory=dict)
-    """weights_init / weights_update: vLLM's init / update info for this replica."""
+    """WEIGHTS_INIT / WEIGHTS_UPDATE: vLLM's init / update info for this replica (vLLM defines its shape)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaReport:
+    """A worker's answer to any command: where the replica is now."""
+
+    state: ReplicaState
+    version: int
+    """The weight version it serves."""
+    duration_s: float
+    """Time the command took."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoutingReport:
+    """The load balancer's answer to any command: its routing table now."""
+
+    members: list[str]
+    """Replica ids it routes to, in insertion order."""
+    loads: dict[str, int]
+    """In-flight requests per member."""
+    total_inflight: int
+    waiting: int
+    """Requests waiting for a replica (none is routable)."""
+    changed: list[str] = field(default_factory=list)
+    """ADD / REMOVE: the replicas that really joined or left."""
+    cleared: int = 0
+    """CLEAR_STICKY: the sticky sessions dropped."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutReport:
+    """The rollouter's answer to SET_ACTIVE_REPLICAS and RESET_STALENESS."""
+
+    max_concurrent_samples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    """RESET_STALENESS: the closed version's rollouter metrics (names in core/metrics.py)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightSyncReport:
+    """The trainer's answer to SYNC_WEIGHTS: how the replicas got the version.
+    `pushed`: a push over `transport` was tried (all replicas alive and on that transport);
+    `ok` False: it failed with `error`, and every replica reloaded the version from the filesystem."""
+
+    replica_ids: list[str]
+    version: int
+    transport: str = ""
+    pushed: bool = False
+    ok: bool = True
+    error: str = ""
+    push_s: float = 0.0
+
+
+Report = ReplicaReport | RoutingReport | RolloutReport | WeightSyncReport
+"""What a command handler returns: the sender's typed answer."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommandAck:
-    """Reply to a Command, matched by command_id."""
+    """Reply to a Command, matched by command_id; an ok ack carries the sender's typed report."""
 
     type: ClassVar[str] = "ack"
     command_id: str
     sender: str
     ok: bool
     error: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
+    replica: ReplicaReport | None = None
+    """From a rollout worker."""
+    routing: RoutingReport | None = None
+    """From the load balancer."""
+    rollout: RolloutReport | None = None
+    """From the rollouter."""
+    weights: WeightSyncReport | None = None
+    """From the trainer, for SYNC_WEIGHTS (RELEASE_GPUS is acked with no report)."""
+
+    @classmethod
+    def answer(cls, command: Command, *, sender: str, report: Report | None) -> CommandAck:
+        """The ok ack of `command` carrying `report` (if any) in its typed field."""
+        return cls(command_id=command.command_id, sender=sender, ok=True,
+                   replica=report if isinstance(report, ReplicaReport) else None,
+                   routing=report if isinstance(report, RoutingReport) else None,
+                   rollout=report if isinstance(report, RolloutReport) else None,
+                   weights=report if isinstance(report, WeightSyncReport) else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,32 +255,44 @@ class TrainerReply:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WeightSyncReport:
-    """The trainer's one result for a SYNC_WEIGHTS command (its CommandAck's data, as a plain dict).
-    `pushed`: a push over `transport` was tried (all replicas alive and on that transport);
-    `ok` False: it failed with `error`, and every replica reloaded the version from the filesystem."""
-
-    replica_ids: list[str]
-    version: int
-    transport: str = ""
-    pushed: bool = False
-    ok: bool = True
-    error: str = ""
-    push_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class AuditEvent:
-    """Lifecycle record for tests, charts and humans (the resource-time chart is drawn from these)."""
+    """Lifecycle record for tests, charts and humans (the resource-time chart is drawn from these).
+
+    Readers use the typed fields; `detail` is free text for humans, never parsed. A field that does
+    not apply to the kind is None (or empty) and left off the wire.
+    """
 
     type: ClassVar[str] = "audit"
-    kind: str
-    """replica_state, switch, phase, sync, drop, ..."""
+    kind: AuditKind
     subject: str
-    """Replica id, 'trainer', 'controller', ..."""
-    detail: str
+    """Replica id, 'trainer', 'controller', 'loadbalancer'."""
     t: float
+    """Unix time."""
+    detail: str = ""
     version: int = -1
+    phase: AuditPhase | None = None
+    """PHASE."""
+    global_steps: int | None = None
+    """PHASE (TRAIN_START / TRAIN_END): the trainer's step."""
+    state: ReplicaState | None = None
+    """REPLICA_STATE: the replica's new state."""
+    action: CommandAction | None = None
+    """REPLICA_STATE: the command that moved it (None when the worker started); LB: ADD / REMOVE."""
+    activated: bool | None = None
+    """SWITCH: True when hybrids were activated, False when deactivated."""
+    alive: bool | None = None
+    """LB: a member's heartbeat expired (False) or came back (True)."""
+    command: str = ""
+    """COMMAND: the controller core command's kind (e.g. sync_weights)."""
+    transport: str = ""
+    """PUSH: the push transport."""
+    ok: bool | None = None
+    """PUSH: whether it succeeded."""
+    error: str = ""
+    duration_s: float | None = None
+    """COMMAND, PUSH, SWITCH: how long it took."""
+    replica_ids: list[str] = field(default_factory=list)
+    """COMMAND, PUSH, LB: the replicas concerned."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -300,101 +306,19 @@ class CycleMetrics:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-Message = CycleMetrics | Sample | GenerateRequest | GenerateResult | Command | CommandAck | TrainerEvent | TrainerReply | AuditEvent
-_MESSAGE_TYPES: dict[str, type] = {
-    cls.type: cls
-    for cls in (CycleMetrics, Sample, GenerateRequest, GenerateResult, Command, CommandAck, TrainerEvent, TrainerReply, AuditEvent)
-}
-M = TypeVar("M")
-
-
-_ENUMS: dict[str, type[StrEnum]] = {
-    cls.__name__: cls for cls in (TrainerPhase, TrainerAction, CommandAction, FinishReason, AuditKind)
-}
-"""Enum-typed fields travel as their plain string value and are parsed back on decode."""
-
-
-def _is_scalar_field(f: dataclasses.Field[Any]) -> bool:
-    return f.type in ("str", "int", "float", "bool") or f.type in _ENUMS
+Message = (CycleMetrics | Sample | GenerateRequest | GenerateResult | Command | CommandAck | TrainerEvent
+           | TrainerReply | AuditEvent)
+_CODEC = Codec(CycleMetrics, Sample, GenerateRequest, GenerateResult, Command, CommandAck, TrainerEvent,
+               TrainerReply, AuditEvent)
 
 
 def encode(message: Message) -> dict[Any, Any]:
-    """Dataclass -> stream fields: scalars as strings, the rest in one msgpack payload."""
-    fields: dict[Any, Any] = {TYPE_FIELD: message.type}
-    payload: dict[str, Any] = {}
-    for f in dataclasses.fields(message):
-        value = getattr(message, f.name)
-        if _is_scalar_field(f):
-            fields[f.name] = str(int(value)) if isinstance(value, bool) else str(value)  # StrEnum: its value
-        else:
-            payload[f.name] = _to_plain(value)
-    if payload:
-        fields[PAYLOAD_FIELD] = msgpack.packb(payload, use_bin_type=True)
+    """Message -> stream fields: scalars as strings, the rest in one msgpack payload."""
+    fields: dict[Any, Any] = _CODEC.encode(message)  # Any keys: redis-py's xadd takes a dict of a wide union
     return fields
 
 
-def decode(raw: dict[Any, Any]) -> Message:
-    """Stream fields -> dataclass. Raises MalformedMessage on anything unexpected."""
-    fields = {_text(k): v for k, v in raw.items()}
-    type_tag = _text(fields.get(TYPE_FIELD, b""))
-    cls = _MESSAGE_TYPES.get(type_tag)
-    if cls is None:
-        raise MalformedMessage(f"unknown message type {type_tag!r}; known: {sorted(_MESSAGE_TYPES)}")
-    try:
-        payload = msgpack.unpackb(fields[PAYLOAD_FIELD], raw=False) if PAYLOAD_FIELD in fields else {}
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise MalformedMessage(f"{type_tag}: payload is not valid msgpack ({exc})") from exc
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if _is_scalar_field(f):
-            if f.name in fields:
-                kwargs[f.name] = _parse_scalar(type_tag, f, _text(fields[f.name]))
-        elif f.name in payload:
-            kwargs[f.name] = payload[f.name]
-    if "trajectories" in kwargs:
-        kwargs["trajectories"] = _trajectories(type_tag, kwargs["trajectories"])
-    try:
-        message: Message = cls(**kwargs)
-    except TypeError as exc:
-        raise MalformedMessage(f"{type_tag}: {exc}") from exc
+def decode(raw: Mapping[Any, Any]) -> Message:
+    """Stream fields -> message. Raises MalformedMessage, and nothing else, on any bad entry."""
+    message: Message = _CODEC.decode(raw)
     return message
-
-
-def _trajectories(type_tag: str, items: Any) -> list[Trajectory]:
-    if not isinstance(items, list):
-        raise MalformedMessage(f"{type_tag}: trajectories must be a list")
-    try:
-        return [Trajectory(**item) for item in items]
-    except TypeError as exc:
-        raise MalformedMessage(f"{type_tag}: bad trajectory ({exc})") from exc
-
-
-def _parse_scalar(type_tag: str, f: dataclasses.Field[Any], text: str) -> Any:
-    try:
-        if f.type == "int":
-            return int(text)
-        if f.type == "float":
-            return float(text)
-        if f.type == "bool":
-            return text in ("1", "True", "true")
-        if f.type in _ENUMS:
-            return _ENUMS[str(f.type)](text)
-        return text
-    except ValueError as exc:
-        raise MalformedMessage(f"{type_tag}: field {f.name}={text!r} is not a {f.type}") from exc
-
-
-def _to_plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, list | tuple):
-        if not value or isinstance(value[0], _SCALARS):
-            return value  # token ids, logprobs: msgpack packs them as they are (no per-item walk)
-        return [_to_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_plain(v) for k, v in value.items()}
-    return value
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

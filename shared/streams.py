@@ -1,9 +1,12 @@
-"""Asyncio Redis-stream helpers used by every service: the bus of the system.
+"""The stream consumer every service reads with: the bus of the system.
 
 Where it sits: every exchange between services (generation requests, results,
 samples into the MessageQueue, commands, acks) is a stream entry read through
 a consumer group. Only this module issues XREADGROUP/XACK/XCLAIM/XPENDING;
-callers pass stream, group and key names (from ``shared/names.py``).
+callers pass stream, group and key names (from ``shared/names.py``). The
+client (``connect``, timeouts) lives in ``shared/redis_client.py``, the group
+and size helpers (``ensure_group``, ``xadd_many``, ``group_lag``,
+``group_pending``) in ``shared/stream_groups.py``; both are re-exported here.
 
 Delivery is at-least-once (duplicates must be harmless upstream):
 
@@ -24,34 +27,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.names import Names
+from shared.redis_client import BLOCK_MS as BLOCK_MS
+from shared.redis_client import SOCKET_TIMEOUT_S as SOCKET_TIMEOUT_S
+from shared.redis_client import as_bytes as _b
+from shared.redis_client import as_str as _s
+from shared.redis_client import connect as connect
+from shared.redis_client import dedicated_client
+from shared.stream_groups import Fields as Fields
+from shared.stream_groups import ensure_group as ensure_group
+from shared.stream_groups import group_lag as group_lag
+from shared.stream_groups import group_pending as group_pending
+from shared.stream_groups import xadd_many as xadd_many
 
 log = logging.getLogger(__name__)
 
-SOCKET_TIMEOUT_S = 10.0  # any single reply slower than this is an error
-BLOCK_MS = 2_000  # default XREADGROUP BLOCK: returns long before the socket would time out
-assert BLOCK_MS < SOCKET_TIMEOUT_S * 1000 / 2, "BLOCK_MS must stay well below the socket timeout"
-HEALTH_CHECK_INTERVAL_S = 30  # connections idle longer than this are PINGed before use
-MAX_CONNECTIONS = 32  # per client; callers beyond it wait for a free connection
 DEFAULT_LEASE_TTL_S = 10.0
 DEFAULT_LEASE_KEY_PREFIX = Names().lease("")  # lease key = prefix + consumer
 DEFAULT_MAX_DELIVERIES = 5
 DEAD_LETTER_SUFFIX = ":dlq"  # default dead-letter stream = origin stream + suffix
 RECONNECT_TIMEOUT_S = 30.0  # a read keeps retrying a lost connection this long, then raises
-_PAGE = 1000
 
-Fields = Mapping[Any, bytes | str | int | float]  # keys: bytes or str (Mapping keys are invariant)
 EntryId = bytes | str
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -64,112 +69,6 @@ class StreamEntry:
     fields: dict[bytes, bytes]  # raw field/value bytes as written by the producer
     deliveries: int  # times delivered to the group, this delivery included
 
-
-def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S,
-            health_check_interval_s: int = HEALTH_CHECK_INTERVAL_S, client_name: str | None = None) -> aredis.Redis:
-    """An asyncio bytes client retrying connection errors with backoff; its pool waits when every
-    connection is busy (redis-py's default pool raises). ``aclose()`` it."""
-    if socket_timeout_s * 1000 <= 2 * BLOCK_MS:
-        raise ValueError(f"socket_timeout_s={socket_timeout_s} must exceed twice BLOCK_MS={BLOCK_MS} ms")
-    pool = aredis.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_CONNECTIONS, timeout=socket_timeout_s,
-        socket_timeout=socket_timeout_s, socket_connect_timeout=min(socket_timeout_s, 5.0),
-        health_check_interval=health_check_interval_s, client_name=client_name,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 5),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError])
-    return aredis.Redis(connection_pool=pool)
-
-
-def _dedicated_client(r: aredis.Redis) -> aredis.Redis:
-    """A one-connection client like ``r`` without command retries: a retried
-    XREADGROUP would hide a lost reply; the consumer retries and replays instead."""
-    pool = r.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    kwargs.pop("retry_on_error", None)
-    new_pool = aredis.ConnectionPool(connection_class=pool.connection_class, max_connections=1, **kwargs)
-    return aredis.Redis(connection_pool=new_pool)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _b(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
-
-
-async def ensure_group(r: aredis.Redis, stream: str, group: str, *, start_id: str = "0") -> bool:
-    """Create ``group`` on ``stream`` (and the stream); True if created, False if it existed.
-
-    ``start_id="0"`` makes a new group see entries written before it existed,
-    so samples produced before the trainer started are not skipped.
-    """
-    try:
-        await r.xgroup_create(stream, group, id=start_id, mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-        return False
-    return True
-
-
-async def xadd_many(r: aredis.Redis, stream: str, entries: Iterable[Fields], *, chunk_size: int = 256) -> list[bytes]:
-    """XADD every entry in order, pipelined ``chunk_size`` at a time; returns the ids."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    ids: list[bytes] = []
-    pipe = r.pipeline(transaction=False)
-    pending = 0
-    for fields in entries:
-        pipe.xadd(stream, dict(fields))  # type: ignore[arg-type]
-        pending += 1
-        if pending == chunk_size:
-            ids.extend(await pipe.execute())
-            pending = 0
-    if pending:
-        ids.extend(await pipe.execute())
-    return ids
-
-
-async def group_lag(r: aredis.Redis, stream: str, group: str) -> int:
-    """Entries in ``stream`` not yet delivered to ``group`` (its ``lag``).
-
-    For the MessageQueue this is ``mq_size``: samples not yet taken by the
-    trainer. A missing stream counts 0, a missing group counts every entry.
-    Falls back to counting entries after ``last-delivered-id`` when Redis
-    cannot compute ``lag`` (entries deleted mid-stream, or Redis < 7).
-    """
-    try:
-        groups = await r.xinfo_groups(stream)
-    except ResponseError as exc:
-        if "no such key" in str(exc).lower():
-            return 0
-        raise
-    for info in groups:
-        if _s(info["name"]) != group:
-            continue
-        lag = info.get("lag")
-        if lag is not None:
-            return int(lag)
-        return await _count_after(r, stream, _s(info["last-delivered-id"]))
-    return int(await r.xlen(stream))
-
-
-async def _count_after(r: aredis.Redis, stream: str, last_id: str) -> int:
-    count, cursor = 0, f"({last_id}"  # exclusive range start
-    while True:
-        page: Any = await r.xrange(stream, min=cursor, max="+", count=_PAGE)
-        count += len(page)
-        if len(page) < _PAGE:
-            return count
-        cursor = f"({_s(page[-1][0])}"
-
-
-async def group_pending(r: aredis.Redis, stream: str, group: str) -> int:
-    """Entries delivered to ``group`` and not yet acked (taken, not finished)."""
-    summary = await r.xpending(stream, group)
-    return int(summary["pending"])
 
 
 class StreamConsumer:
@@ -198,7 +97,7 @@ class StreamConsumer:
         self.lease_key_prefix = lease_key_prefix
         self.dead_letter_stream = dead_letter_stream or stream + DEAD_LETTER_SUFFIX
         self.max_deliveries = max_deliveries
-        self._reader = _dedicated_client(r)
+        self._reader = dedicated_client(r)
         self._replay_cursor: bytes | None = b"0"  # None once the own PEL is drained
         self._outstanding: set[bytes] = set()  # handed to the caller, not yet acked
         self._lease_renewed_at_s = float("-inf")
@@ -248,7 +147,8 @@ class StreamConsumer:
             raise ValueError(f"count must be >= 1, got {count}")
         timeout_s = self.r.connection_pool.connection_kwargs.get("socket_timeout")
         if block_ms < 0 or (timeout_s is not None and block_ms >= timeout_s * 1000 / 2):
-            raise ValueError(f"block_ms={block_ms} must be >= 0 and below half the socket timeout {timeout_s}s")
+            raise ValueError(f"block_ms={block_ms} must be >= 0 and below half the socket timeout "
+                             f"{timeout_s}s")
         deadline_s = time.monotonic() + RECONNECT_TIMEOUT_S
         delay_s = 0.05
         while True:
@@ -271,7 +171,8 @@ class StreamConsumer:
                 self.rewind()  # the lost reply may have delivered entries to us
                 if time.monotonic() >= deadline_s:
                     raise
-                log.warning("read on %s/%s failed (%r); retrying in %.2fs", self.stream, self.consumer, exc, delay_s)
+                log.warning("read on %s/%s failed (%r); retrying in %.2fs", self.stream, self.consumer, exc,
+                            delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(1.0, delay_s * 2)
 
@@ -284,7 +185,8 @@ class StreamConsumer:
 
     async def _replay(self, count: int) -> list[StreamEntry]:
         while self._replay_cursor is not None:
-            resp = await self._reader.xreadgroup(self.group, self.consumer, {self.stream: self._replay_cursor}, count=count)
+            resp = await self._reader.xreadgroup(self.group, self.consumer,
+                                                 {self.stream: self._replay_cursor}, count=count)
             page = _only_stream(resp)
             if not page:
                 self._replay_cursor = None
@@ -300,7 +202,9 @@ class StreamConsumer:
                 return kept
         return []
 
-    async def _screen(self, candidates: Sequence[tuple[bytes, dict[bytes, bytes] | None, int]]) -> list[StreamEntry]:
+    async def _screen(self,
+                      candidates: Sequence[tuple[bytes, dict[bytes, bytes] | None,
+                                                 int]]) -> list[StreamEntry]:
         """Ack deleted entries, dead-letter over-delivered ones, return the rest."""
         kept: list[StreamEntry] = []
         deleted: list[bytes] = []
@@ -312,7 +216,8 @@ class StreamConsumer:
             else:
                 kept.append(StreamEntry(entry_id, fields, deliveries))
         if deleted:
-            log.warning("acking %d entries of %s deleted while pending: %s", len(deleted), self.stream, deleted)
+            log.warning("acking %d entries of %s deleted while pending: %s", len(deleted), self.stream,
+                        deleted)
             await self.r.xack(self.stream, self.group, *deleted)
             self.deleted_pending += len(deleted)
         self._outstanding.update(e.entry_id for e in kept)

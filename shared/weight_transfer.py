@@ -28,6 +28,8 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
+from shared.vocab import PushStep
+
 PUSH_TRANSPORTS = ("nccl", "ipc", "gloo")
 TRANSPORTS = ("filesystem", *PUSH_TRANSPORTS)
 GLOO_MODULE = "shared.gloo_transfer"
@@ -102,22 +104,22 @@ class SyncClient:
     """The targets' worker processes, when known: the trainer forms its group anew when they change."""
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._send("init", [init_info_for(init_info, i, self.replica_world_size)
+        self._send(PushStep.INIT, [init_info_for(init_info, i, self.replica_world_size)
                             for i in range(len(self.replica_ids))])
 
     def start_weight_update(self) -> None:
-        self._send("start", [{} for _ in self.replica_ids])
+        self._send(PushStep.START, [{} for _ in self.replica_ids])
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         if isinstance(update_info, list):
             raise ValueError("per-rank update payloads are not supported; one payload for all replicas")
         payload = wire_safe(update_info)
-        self._send("update", [payload for _ in self.replica_ids])
+        self._send(PushStep.UPDATE, [payload for _ in self.replica_ids])
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._send("finish", [{} for _ in self.replica_ids])
+        self._send(PushStep.FINISH, [{} for _ in self.replica_ids])
 
-    def _send(self, step: str, payloads: list[dict[str, Any]]) -> None:
+    def _send(self, step: PushStep, payloads: list[dict[str, Any]]) -> None:
         raise NotImplementedError
 
 
@@ -133,7 +135,7 @@ class LocalSyncClient(SyncClient):
         self.replica_ids = [f"local_{i}" for i in range(len(self.engines))]
         self.replica_world_size = 1
 
-    def _send(self, step: str, payloads: list[dict[str, Any]]) -> None:
+    def _send(self, step: PushStep, payloads: list[dict[str, Any]]) -> None:
         async def run() -> None:
             await asyncio.gather(*(engine.transfer(step, payload, version=self.version)
                                    for engine, payload in zip(self.engines, payloads, strict=True)))

@@ -64,15 +64,25 @@ def versions(root: str | Path) -> list[int]:
 def latest(root: str | Path) -> tuple[int, Path] | None:
     """(version, path) of the newest complete version, or None when nothing is published.
 
-    Reads the LATEST marker; falls back to scanning when the marker is missing or points at a
-    version that is gone (e.g. a crash between rename and marker write).
+    Monotonic: it follows the LATEST marker, which only ever advances. gc never deletes the
+    version the marker names, so a marker naming a gone version was read just before it
+    advanced: read it again. Only a missing marker, or one that stays dangling (its version
+    removed by hand), falls back to scanning the directories; scanning while a writer runs
+    could return a version whose marker is not written yet, and the next call would go back.
     """
     marker = Path(root) / LATEST_FILE
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        version = int(marker.read_text().strip())
+    previous: int | None = None
+    while True:
+        try:
+            version = int(marker.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            break
         path = path_for(root, version)
         if path.is_dir():
             return version, path
+        if version == previous:  # dangling: not a race with a publish
+            break
+        previous = version
     present = versions(root)
     if not present:
         return None

@@ -37,5 +37,6 @@ def ideal_lower_bound_s(scenario: Scenario, workload: Workload) -> float:
         train_gpu_s = workload.sample_tokens(k) / 1000.0 * tr.seconds_per_ktoken * cluster.trainer_unit_gpus
         costs.append(rollout_gpu_s + train_gpu_s)
     costs.sort()
-    work_gpu_s = sum(costs[:num_trained]) + micro_steps * tr.fixed_s_per_micro_step * cluster.trainer_unit_gpus
+    fixed_gpu_s = micro_steps * tr.fixed_s_per_micro_step * cluster.trainer_unit_gpus
+    work_gpu_s = sum(costs[:num_trained]) + fixed_gpu_s
     return work_gpu_s / cluster.total_gpus

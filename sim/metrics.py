@@ -33,7 +33,8 @@ class CycleMetrics:
         records, self._records = self._records, []
         total = {key: sum(r.get(key, 0.0) for r in records) for key in RECORD_KEYS}
         last = records[-1]
-        u_train = cm.train_resource_utilization([r["compute"] for r in records], [r["alloc"] for r in records])
+        u_train = cm.train_resource_utilization([r["compute"] for r in records],
+                                                [r["alloc"] for r in records])
         u_rollout = last.get("dynamic_resource/rollout_resource_utilization", 0.0)
         wait_s = total["wait_for_enough_samples"] if self.dynamic else 0.0
         out = {

@@ -20,12 +20,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from shared.vocab import LaneState  # noqa: E402
 from sim.result import SimResult  # noqa: E402
 
-COLORS = {"rollout": "#4c72b0", "train": "#e6b422", "sync": "#55a868", "switch": "#c44e52", "idle": "#dddddd"}
+COLORS = {LaneState.ROLLOUT: "#4c72b0", LaneState.TRAIN: "#e6b422", LaneState.SYNC: "#55a868",
+          LaneState.SWITCH: "#c44e52", LaneState.IDLE: "#dddddd"}
 
 
-def resource_time(result: SimResult, path: Path, *, window_s: float | None = None, start_s: float | None = None) -> None:
+def resource_time(result: SimResult, path: Path, *, window_s: float | None = None,
+                  start_s: float | None = None) -> None:
     """Broken-bar chart of lane states over ``[start, start + window]`` (default: ~4 cycles mid-run)."""
     assert result.timeline is not None
     if window_s is None:
@@ -38,7 +41,7 @@ def resource_time(result: SimResult, path: Path, *, window_s: float | None = Non
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(lanes) + 1.5))
     g = result.gpus_per_lane
     for row, lane in enumerate(reversed(lanes)):
-        by_state: dict[str, list[tuple[float, float]]] = {}
+        by_state: dict[LaneState, list[tuple[float, float]]] = {}
         for t0, t1, state in result.timeline.intervals(lane, result.wall_s):
             if t1 <= start_s or t0 >= end_s:
                 continue
@@ -47,7 +50,8 @@ def resource_time(result: SimResult, path: Path, *, window_s: float | None = Non
         for state, bars in by_state.items():
             ax.broken_barh(bars, (row * g, g * 0.9), color=COLORS[state])
     ax.set_yticks([row * g + g * 0.45 for row in range(len(lanes))])
-    ax.set_yticklabels([f"{lane} (GPU {g * i}-{g * i + g - 1})" for i, lane in reversed(list(enumerate(lanes)))])
+    labels = [f"{lane} (GPU {g * i}-{g * i + g - 1})" for i, lane in enumerate(lanes)]
+    ax.set_yticklabels(list(reversed(labels)))
     ax.set_xlabel(f"seconds from t={start_s:.0f}s")
     ax.set_xlim(0, window_s)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]

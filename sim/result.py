@@ -5,7 +5,7 @@ writes JSON/JSONL, ``sim.plots`` draws it. Plain data only.
 
 GPU lanes: one lane per 8-GPU group (``gpus_per_replica``), in the seed
 figure's order: standalone rollout pool first, then the trainer GPUs (which
-host the hybrid replicas). A lane is in one of ``LANE_STATES`` at any time.
+host the hybrid replicas). A lane is in one ``LaneState`` at any time.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-LANE_STATES = ("rollout", "train", "sync", "switch", "idle")
+from shared.vocab import LaneState
 
 
 class Timeline:
@@ -21,10 +21,10 @@ class Timeline:
 
     def __init__(self, lanes: list[str]) -> None:
         self.lanes = list(lanes)
-        self.changes: dict[str, list[tuple[float, str]]] = {lane: [(0.0, "idle")] for lane in lanes}
+        self.changes: dict[str, list[tuple[float, LaneState]]] = {lane: [(0.0, LaneState.IDLE)]
+                                                                  for lane in lanes}
 
-    def set(self, lane: str, state: str, now_s: float) -> None:
-        assert state in LANE_STATES, state
+    def set(self, lane: str, state: LaneState, now_s: float) -> None:
         changes = self.changes[lane]
         if changes[-1][1] == state:
             return
@@ -34,17 +34,17 @@ class Timeline:
                 return
         changes.append((now_s, state))
 
-    def intervals(self, lane: str, end_s: float) -> list[tuple[float, float, str]]:
+    def intervals(self, lane: str, end_s: float) -> list[tuple[float, float, LaneState]]:
         changes = self.changes[lane]
         out = []
-        for (t0, state), (t1, _) in zip(changes, [*changes[1:], (end_s, "")], strict=False):
+        for (t0, state), (t1, _) in zip(changes, [*changes[1:], (end_s, LaneState.IDLE)], strict=False):
             if t1 > t0:
                 out.append((t0, min(t1, end_s), state))
         return out
 
-    def seconds_by_state(self, end_s: float) -> dict[str, float]:
+    def seconds_by_state(self, end_s: float) -> dict[LaneState, float]:
         """Lane-seconds per state summed over lanes (multiply by GPUs per lane for GPU-seconds)."""
-        totals = dict.fromkeys(LANE_STATES, 0.0)
+        totals = dict.fromkeys(LaneState, 0.0)
         for lane in self.lanes:
             for t0, t1, state in self.intervals(lane, end_s):
                 totals[state] += t1 - t0
@@ -86,7 +86,7 @@ class SimResult:
     def bound_ratio(self) -> float:
         return self.wall_s / self.ideal_bound_s if self.ideal_bound_s > 0 else float("nan")
 
-    def gpu_seconds_by_state(self) -> dict[str, float]:
+    def gpu_seconds_by_state(self) -> dict[LaneState, float]:
         if self.timeline is None:
             return {}
         lane_s = self.timeline.seconds_by_state(self.wall_s)
@@ -96,10 +96,11 @@ class SimResult:
         """Share of all GPU-seconds spent generating or training (the physical utilization)."""
         by_state = self.gpu_seconds_by_state()
         total = sum(by_state.values())
-        return (by_state["rollout"] + by_state["train"]) / total if total > 0 else 0.0
+        return (by_state[LaneState.ROLLOUT] + by_state[LaneState.TRAIN]) / total if total > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         mq = [q for _, q in self.mq_series]
+        utilization = _mean(self.cycles, "dynamic_resource/resource_utilization")
         return {
             "label": self.label,
             "scenario": self.scenario,
@@ -115,7 +116,7 @@ class SimResult:
             "versions": self.versions,
             "mean_mq_size": round(sum(mq) / len(mq), 2) if mq else 0.0,
             "gpu_busy_fraction": round(self.busy_fraction(), 3),
-            "mean_resource_utilization": round(_mean(self.cycles, "dynamic_resource/resource_utilization"), 3),
+            "mean_resource_utilization": round(utilization, 3),
             "samples": dict(self.samples),
             "events_processed": self.events_processed,
             "runtime_s": round(self.runtime_s, 2),

@@ -5,7 +5,8 @@ and the ``Replica`` timing models (``sim.model``). Every decision is the service
 pure code, not a copy: feed, pause latch, concurrency, monitor, enqueue and reset are
 ``core.sample_lifecycle.SampleLifecycle``; routing is ``core.routing``. What remains
 here is the event plumbing: requests to replicas, the monitor's ticks every
-``costs.monitor_interval_s`` (the service's period in modelled seconds) while the feed is paused, retries after the client back-off.
+``costs.monitor_interval_s`` (the service's period in modelled seconds) while the feed is paused,
+retries after the client back-off.
 Like the services, the MessageQueue never drops: it is bounded by the feed's pause.
 """
 

@@ -27,6 +27,7 @@ from core.flow import FlowLimits
 from policies import DynamicScheduleContext, build_policy
 from shared.names import AccountingField as A
 from shared.schema import CommandAction, TrainerEvent, TrainerPhase, WeightSyncReport
+from shared.vocab import LaneState
 from sim.bound import ideal_lower_bound_s
 from sim.engine import Engine, Signal
 from sim.metrics import CycleMetrics
@@ -76,7 +77,7 @@ class Simulation:
         self.rollouter.lb.add_replicas(self.standalone_ids)
         self.rollouter.set_replicas(len(self.standalone_ids))  # the controller's announcement at start
         self.syncing: set[str] = set()
-        self.trainer_phase = "idle"
+        self.trainer_phase = LaneState.IDLE
         ctx = DynamicScheduleContext(required_samples=self.limits.required_samples,
                                      trigger_parameter_sync_step=self.limits.trigger_parameter_sync_step,
                                      only_hybrid=not self.standalone_ids,
@@ -106,10 +107,10 @@ class Simulation:
         if replica.hybrid:
             self._refresh_trainer_lanes()
         elif replica.replica_id not in self.syncing:
-            self.timeline.set(self.standalone_lanes[replica.replica_id], "rollout" if busy else "idle",
-                              self.engine.now_s)
+            state = LaneState.ROLLOUT if busy else LaneState.IDLE
+            self.timeline.set(self.standalone_lanes[replica.replica_id], state, self.engine.now_s)
 
-    def _set_phase(self, phase: str) -> None:
+    def _set_phase(self, phase: LaneState) -> None:
         self.trainer_phase = phase
         self._refresh_trainer_lanes()
 
@@ -117,10 +118,10 @@ class Simulation:
         now = self.engine.now_s
         for i, lane in enumerate(self.trainer_lanes):
             state = self.trainer_phase
-            if state == "idle" and i < len(self.hybrid_ids):
+            if state is LaneState.IDLE and i < len(self.hybrid_ids):
                 replica = self.rollouter.replicas[self.hybrid_ids[i]]
                 if replica.awake and replica.num_inflight and not replica.paused:
-                    state = "rollout"
+                    state = LaneState.ROLLOUT
             self.timeline.set(lane, state, now)
 
     # -- the executor core's operations -------------------------------------------------
@@ -167,11 +168,11 @@ class Simulation:
         if op.action is CommandAction.ABORT:
             r.abort(op.replica_ids)
         elif op.action is CommandAction.SLEEP:
-            self._set_phase("switch")
+            self._set_phase(LaneState.SWITCH)
             yield self.scenario.costs.hybrid_sleep_s
             for replica in replicas:
                 replica.sleep()
-            self._set_phase("idle")
+            self._set_phase(LaneState.IDLE)
         elif op.action is CommandAction.WAKE:
             for replica in replicas:
                 replica.wake()
@@ -191,20 +192,20 @@ class Simulation:
         for rep in awake:
             rep.pause()
         if hybrid:
-            self._set_phase("switch")
+            self._set_phase(LaneState.SWITCH)
             yield self.scenario.costs.hybrid_sync_s
         else:
             self.syncing.update(op.replica_ids)
             for rid in op.replica_ids:
-                self.timeline.set(self.standalone_lanes[rid], "sync", self.engine.now_s)
-            self._set_phase("sync")
+                self.timeline.set(self.standalone_lanes[rid], LaneState.SYNC, self.engine.now_s)
+            self._set_phase(LaneState.SYNC)
             yield self.scenario.costs.standalone_sync_s
             self.syncing.difference_update(op.replica_ids)
         for rep in replicas:
             rep.version = op.version
         for rep in awake:
             rep.resume()
-        self._set_phase("idle")
+        self._set_phase(LaneState.IDLE)
         for rep in replicas:
             self._on_busy(rep, bool(rep.num_inflight) and not rep.paused)
 
@@ -241,9 +242,9 @@ class Simulation:
             return batch
         elif isinstance(op, tc.Train):
             compute_s = self._train_time_s(op.batch)
-            self._set_phase("train")
+            self._set_phase(LaneState.TRAIN)
             yield compute_s
-            self._set_phase("idle")
+            self._set_phase(LaneState.IDLE)
             return tc.TrainResult(timings={"timing_s/update_actor": compute_s})
         elif isinstance(op, tc.MarkTrained):
             self.trained += len(op.batch)

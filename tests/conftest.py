@@ -78,7 +78,8 @@ class RedisServer:
                 return
             time.sleep(0.01)
         self.stop()
-        raise RuntimeError(f"redis-server did not answer PING on port {self.port} within {REDIS_START_TIMEOUT_S}s")
+        raise RuntimeError(f"redis-server did not answer PING on port {self.port} "
+                           f"within {REDIS_START_TIMEOUT_S}s")
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: in-memory data is gone)."""

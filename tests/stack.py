@@ -15,6 +15,7 @@ from typing import Any
 
 from core.replica import ReplicaState
 from services.controller.service import Controller
+from services.launcher import sample_counts
 from services.loadbalancer.service import LoadBalancer
 from services.rollout_worker.sim_engine import SimEngine
 from services.rollout_worker.worker import RolloutWorker
@@ -24,7 +25,7 @@ from services.trainer.service import Trainer
 from services.trainer.sim_backend import SimTrainer
 from shared.bus import Bus, text
 from shared.config import Config, config_from_dict
-from shared.names import Names
+from shared.names import Names, RunStateField, RunStatus
 from shared.schema import AuditEvent, Sample, decode
 from shared.streams import connect
 
@@ -101,7 +102,7 @@ class Stack:
             for name, task in self.tasks.items():
                 if task.done() and task.exception():
                     raise RuntimeError(f"{name} crashed") from task.exception()
-            if text(await redis.hget(self.names.run_state, "status") or b"") == "done":
+            if text(await redis.hget(self.names.run_state, RunStateField.STATUS) or b"") == RunStatus.DONE:
                 return
             await asyncio.sleep(0.05)
         raise TimeoutError(f"run not done after {timeout_s} s; trainer at "
@@ -124,7 +125,6 @@ class Stack:
         return [s for s in (decode(fields) for _, fields in entries) if isinstance(s, Sample)]
 
     async def accounting(self) -> dict[str, int]:
-        raw = await self.buses[0].redis.hgetall(self.names.accounting)
-        counts = {text(k): int(v) for k, v in raw.items()}
-        accounted = sum(counts.get(k, 0) for k in ("generating", "queued", "trained", "dropped"))
-        return {**counts, "lost": counts.get("fed", 0) - accounted}
+        """The accounting hash (every AccountingField, missing = 0) plus LOST."""
+        return sample_counts({text(k): text(v) for k, v in
+                              (await self.buses[0].redis.hgetall(self.names.accounting)).items()})

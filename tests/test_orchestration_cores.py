@@ -89,9 +89,10 @@ def test_a_failed_push_counts_one_push_and_one_fallback_and_is_audited_with_its_
     ex.drive(executor.on_weights_ready(weights_ready(1)), peers)
     metrics = executor.last_report.cycle_metrics()
     assert (metrics["weights/pushes"], metrics["weights/push_fallbacks"]) == (1.0, 1.0)
-    [push] = [op for op in peers.ops if isinstance(op, ex.Audit) and op.kind is AuditKind.PUSH]
-    assert push == ex.Audit(kind=AuditKind.PUSH, version=1,
-                            detail="gloo ['standalone_0'] failed: ValueError: no 0.500s")
+    [push] = [op.event for op in peers.ops if isinstance(op, ex.Audit) and op.event.kind is AuditKind.PUSH]
+    assert push == ex.AuditRecord(kind=AuditKind.PUSH, version=1, transport="gloo", replica_ids=S, ok=False,
+                                  error="ValueError: no", duration_s=0.5,
+                                  detail="gloo ['standalone_0'] failed: ValueError: no 0.500s")
 
 
 def test_a_micro_step_with_active_hybrids_waits_then_removes_aborts_and_sleeps_them_in_order() -> None:

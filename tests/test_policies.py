@@ -99,7 +99,8 @@ def test_user_policy_written_as_in_the_seed_loads_by_module_name_and_builds():
     assert "my_policy" in registered_policies()
     policy = build_policy("my_policy", deactivate_ratio=0.5, only_hybrid=False)
     assert isinstance(policy, module.MyDynamicSchedulePolicy)
-    ctx = make_ctx(required_samples=10, trigger_parameter_sync_step=4, total_generated_samples=5, expected_samples=10)
+    ctx = make_ctx(required_samples=10, trigger_parameter_sync_step=4, total_generated_samples=5,
+                   expected_samples=10)
     assert policy.should_deactivate(1, True, ctx) is True
     assert policy.deactivate_wait_samples(ctx) == 20
     assert policy.should_activate_after_step(1, False, ctx) is True
@@ -167,7 +168,8 @@ def test_set_deactivate_ratio_refuses_anything_but_one_in_colocated_mode():
 
 def test_default_ratio_rises_to_055_after_waiting_for_2_of_40_samples_then_falls_to_053():
     policy = make_default(ratio=0.5)
-    ctx = make_ctx(required_samples=10, trigger_parameter_sync_step=4, step_wait_times=[3.0], step_wait_samples=[2])
+    ctx = make_ctx(required_samples=10, trigger_parameter_sync_step=4, step_wait_times=[3.0],
+                   step_wait_samples=[2])
     policy.update_after_step(1, ctx)
     assert policy.deactivate_ratio == pytest.approx(0.55)
     policy.update_after_step(2, make_ctx(required_samples=10, trigger_parameter_sync_step=4))
@@ -206,7 +208,8 @@ def test_default_waits_for_ratio_times_step_required_samples():
 
 def test_default_skips_activation_when_gap_of_10_costs_1s_at_01_s_per_sample():
     policy = make_default(ratio=0.5)
-    ctx = make_ctx(total_generated_samples=110, expected_samples=100, step_wait_times=[0.5], step_wait_samples=[5])
+    ctx = make_ctx(total_generated_samples=110, expected_samples=100, step_wait_times=[0.5],
+                   step_wait_samples=[5])
     assert policy.deactivate_gap(ctx) == pytest.approx(10)
     assert policy.should_activate_after_step(3, False, ctx) is False
     assert policy.per_sample_time_s == pytest.approx(0.1)
@@ -214,13 +217,15 @@ def test_default_skips_activation_when_gap_of_10_costs_1s_at_01_s_per_sample():
 
 def test_default_activates_when_gap_of_10_costs_20s_at_2_s_per_sample():
     policy = make_default(ratio=0.5)
-    ctx = make_ctx(total_generated_samples=110, expected_samples=100, step_wait_times=[10.0], step_wait_samples=[5])
+    ctx = make_ctx(total_generated_samples=110, expected_samples=100, step_wait_times=[10.0],
+                   step_wait_samples=[5])
     assert policy.should_activate_after_step(3, False, ctx) is True
 
 
 def test_default_does_not_activate_without_a_gap_and_keeps_its_estimate():
     policy = make_default(ratio=0.5)
-    ctx = make_ctx(total_generated_samples=130, expected_samples=100, step_wait_times=[1.0], step_wait_samples=[10])
+    ctx = make_ctx(total_generated_samples=130, expected_samples=100, step_wait_times=[1.0],
+                   step_wait_samples=[10])
     assert policy.should_activate_after_step(3, False, ctx) is False
     assert policy.per_sample_time_s == INITIAL_PER_SAMPLE_TIME_S
 
@@ -242,7 +247,8 @@ def test_default_switch_cost_is_the_mean_of_the_last_three_overheads_else_10s():
     policy = make_default(ratio=0.5)
     assert policy.switch_cost_s() == DEFAULT_SWITCH_COST_S
     for step, (act, deact) in enumerate([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (4.0, 5.0)], start=1):
-        policy.update_after_step(step, make_ctx(last_activate_duration_s=act, last_deactivate_duration_s=deact))
+        policy.update_after_step(step,
+                                 make_ctx(last_activate_duration_s=act, last_deactivate_duration_s=deact))
     assert policy.switch_cost_s() == pytest.approx((4.0 + 6.0 + 9.0) / 3)
     policy.update_after_step(5, make_ctx())
     assert policy.switch_cost_s() == pytest.approx((4.0 + 6.0 + 9.0) / 3)
@@ -274,8 +280,10 @@ def test_fixed_ratio_never_adapts_and_activates_on_a_pure_gap_check():
     policy.update_after_step(1, make_ctx(step_wait_samples=[20]))
     assert policy.deactivate_ratio == 0.5
     assert policy.deactivate_wait_samples(make_ctx()) == 20
-    assert policy.should_activate_after_step(1, False, make_ctx(total_generated_samples=119, expected_samples=100))
-    assert not policy.should_activate_after_step(1, False, make_ctx(total_generated_samples=120, expected_samples=100))
+    assert policy.should_activate_after_step(1, False,
+                                             make_ctx(total_generated_samples=119, expected_samples=100))
+    assert not policy.should_activate_after_step(1, False,
+                                                 make_ctx(total_generated_samples=120, expected_samples=100))
 
 
 def test_static_fully_async_deactivates_immediately_and_never_activates_with_standalones():

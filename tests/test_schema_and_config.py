@@ -12,7 +12,9 @@ from shared.config import config_from_dict, load_config
 from shared.schema import (
     Command,
     CommandAck,
+    CommandAction,
     CycleMetrics,
+    FinishReason,
     GenerateRequest,
     GenerateResult,
     MalformedMessage,
@@ -22,6 +24,7 @@ from shared.schema import (
     TrainerPhase,
     TrainerReply,
     Trajectory,
+    WeightSyncReport,
     decode,
     encode,
 )
@@ -34,15 +37,20 @@ def as_redis(fields: dict) -> dict[bytes, bytes]:
 MESSAGES = [
     Sample(sample_id="sample_0_1", prompt_token_ids=[1, 2], answer="3", enqueued_at=1.5, trajectories=[
         Trajectory(request_id="sample_0_1/0", response_token_ids=[4, 5], response_logprobs=[-0.1, -0.2],
-                   finish_reason="stop", reward=1.0, min_version=2, max_version=3, num_attempts=2,
+                   finish_reason=FinishReason.STOP, reward=1.0, min_version=2, max_version=3, num_attempts=2,
                    replica_ids=["hybrid_0", "standalone_0"])]),
-    GenerateRequest(request_id="r/0", sample_id="r", prompt_token_ids=list(range(100)), max_tokens=7, attempt=2),
+    GenerateRequest(request_id="r/0", sample_id="r", prompt_token_ids=list(range(100)), max_tokens=7,
+                    attempt=2),
     GenerateResult(request_id="r/0", sample_id="r", replica_id="h", token_ids=[1], logprobs=[-1.0],
-                   finish_reason="abort", weight_version=4, attempt=1),
-    Command(command_id="c", action="update_weights", replica_ids=["a", "b"], version=3, weights_path="/w"),
-    Command(command_id="p", action="weights_update", version=3,
+                   finish_reason=FinishReason.ABORT, weight_version=4, attempt=1),
+    Command(command_id="c", action=CommandAction.UPDATE_WEIGHTS, replica_ids=["a", "b"], version=3,
+            weights_path="/w"),
+    Command(command_id="p", action=CommandAction.WEIGHTS_UPDATE, version=3,
             data={"names": ["lm_head.weight"], "dtype_names": ["float32"], "shapes": [[32, 128]]}),
-    CommandAck(command_id="c", sender="a", ok=False, error="nope", data={"state": "paused"}),
+    CommandAck(command_id="c", sender="a", ok=False, error="nope"),
+    CommandAck(command_id="c", sender="trainer", ok=True,
+               weights=WeightSyncReport(replica_ids=["standalone_0"], version=3, transport="gloo",
+                                        pushed=True)),
     TrainerEvent(phase=TrainerPhase.MICRO_STEP_DONE, global_steps=4, version=1, stats={"timing_s/step": 1.0}),
     TrainerEvent(phase=TrainerPhase.COLLECTED, global_steps=4, version=1, wait_time_s=0.5, wait_samples=3),
     TrainerReply(action=TrainerAction.SYNC_DONE, global_steps=4, activated=True, param_sync_s=1.5),
@@ -65,9 +73,11 @@ def test_header_fields_stay_readable_strings_for_redis_cli():
     ({"type": "bogus"}, "unknown message type"),
     ({"type": "generate", "request_id": "x"}, "missing"),
     ({"type": "ack", "command_id": "c", "sender": "s", "ok": "1", "payload": b"\xc1"}, "msgpack"),
-    ({"type": "trainer_reply", "action": "sync_done", "global_steps": "four"}, "global_steps='four' is not a int"),
+    ({"type": "trainer_reply", "action": "sync_done", "global_steps": "four"},
+     "Expected `int`, got `str` - at `.*global_steps`"),
     ({"type": "sample", "sample_id": "s", "answer": "",
-      "payload": msgpack.packb({"prompt_token_ids": [], "trajectories": [{"nope": 1}]})}, "bad trajectory"),
+      "payload": msgpack.packb({"prompt_token_ids": [], "trajectories": [{"nope": 1}]})},
+      "missing required field `request_id` - at `.*trajectories.0.`"),
 ])
 def test_malformed_entries_raise_a_clear_malformed_message(fields, complaint):
     with pytest.raises(MalformedMessage, match=complaint):

@@ -24,6 +24,7 @@ from rl.tokenizer import CharTokenizer  # noqa: E402
 from services.rollout_worker.vllm_engine import SamplingConfig, VllmEngine, VllmEngineConfig  # noqa: E402
 from shared import weight_transfer, weights  # noqa: E402
 from shared.runtime import free_port  # noqa: E402
+from shared.schema import FinishReason, PushStep  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm,
@@ -98,7 +99,7 @@ async def engines(model_dirs: dict[str, Path]) -> AsyncIterator[tuple[VllmEngine
 async def test_generate_returns_tokens_with_logprobs_matching_the_trainer_model(engines, model_dirs) -> None:
     first, _ = engines
     out = await first.generate(request_id="g0", prompt_token_ids=PROMPT, max_tokens=12)
-    assert out.finish_reason == "length" and len(out.token_ids) == 12 == len(out.logprobs)
+    assert out.finish_reason is FinishReason.LENGTH and len(out.token_ids) == 12 == len(out.logprobs)
     expected = _torch_logprobs(load_pretrained(model_dirs["model"]), PROMPT, out.token_ids)
     assert out.logprobs == pytest.approx(expected, abs=2e-3)
 
@@ -112,7 +113,7 @@ async def test_abort_returns_partial_tokens_that_resume_on_another_replica(engin
     await asyncio.sleep(0.5)
     await first.abort_all()
     partials = await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
-    assert all(p.finish_reason == "abort" for p in partials)
+    assert all(p.finish_reason is FinishReason.ABORT for p in partials)
     cut = [p for p in partials if 0 < len(p.token_ids) < LONG]
     assert cut, [len(p.token_ids) for p in partials]
     partial = max(cut, key=lambda p: len(p.token_ids))
@@ -123,7 +124,7 @@ async def test_abort_returns_partial_tokens_that_resume_on_another_replica(engin
         prompt_token_ids=PROMPT + partial.token_ids,
         max_tokens=LONG - len(partial.token_ids),
     )
-    assert rest.finish_reason == "length"
+    assert rest.finish_reason is FinishReason.LENGTH
     stitched = partial.token_ids + rest.token_ids
     assert len(stitched) == LONG
     # Both halves were sampled from the same policy: their logprobs are the trainer's.
@@ -137,7 +138,7 @@ async def test_pause_really_stops_scheduling_until_resume(engines) -> None:
     await first.abort_all()
     assert first.paused and await first._llm.is_paused()
     rejected = await first.generate(request_id="p0", prompt_token_ids=PROMPT, max_tokens=4)
-    assert rejected.finish_reason == "abort" and rejected.token_ids == []
+    assert rejected.finish_reason is FinishReason.ABORT and rejected.token_ids == []
     # Bypass our gate: a request handed to vLLM itself while paused gets no tokens scheduled.
     parked = asyncio.create_task(_raw_generate(first, "p-raw", max_tokens=4))
     await asyncio.sleep(1.0)
@@ -145,7 +146,7 @@ async def test_pause_really_stops_scheduling_until_resume(engines) -> None:
     await first.resume()
     assert len(await asyncio.wait_for(parked, timeout=30)) == 4
     again = await first.generate(request_id="p1", prompt_token_ids=PROMPT, max_tokens=4)
-    assert again.finish_reason == "length" and len(again.token_ids) == 4
+    assert again.finish_reason is FinishReason.LENGTH and len(again.token_ids) == 4
 
 
 async def _raw_generate(engine: VllmEngine, request_id: str, *, max_tokens: int) -> list[int]:
@@ -179,14 +180,14 @@ async def test_emulated_sleep_rejects_work_and_wake_plus_resume_restores_it(engi
     await first.sleep()
     assert first.sleeping and first.paused
     out = await first.generate(request_id="s0", prompt_token_ids=PROMPT, max_tokens=4)
-    assert out.finish_reason == "abort" and out.token_ids == []
+    assert out.finish_reason is FinishReason.ABORT and out.token_ids == []
     with pytest.raises(RuntimeError, match="wake"):
         await first.resume()
     await first.wake()
     assert not first.sleeping and first.paused
     await first.resume()
     out = await first.generate(request_id="s1", prompt_token_ids=PROMPT, max_tokens=4)
-    assert out.finish_reason == "length" and len(out.token_ids) == 4
+    assert out.finish_reason is FinishReason.LENGTH and len(out.token_ids) == 4
     assert {"start_s", "abort_s", "sleep_s", "wake_s", "resume_s"} <= first.timings.keys()
 
 
@@ -221,15 +222,16 @@ async def test_a_gloo_push_replaces_the_weights_of_two_replicas_at_once(engines)
 async def test_a_push_abandoned_after_start_is_closed_by_the_filesystem_fallback(engines, model_dirs) -> None:
     _, second = engines
     await second.abort_all()
-    await second.transfer("start", {}, version=9)  # the trainer died here: no update, no finish
+    await second.transfer(PushStep.START, {}, version=9)  # the trainer died here: no update, no finish
     version, path = weights.latest(model_dirs["weights_root"]) or (None, None)
     assert path is not None
     await second.load_weights(version=1, path=str(path))
     await second.resume()
     out = await second.generate(request_id="fallback", prompt_token_ids=PROMPT, max_tokens=8)
     assert second.version == 1
-    assert out.logprobs == pytest.approx(_torch_logprobs(load_pretrained(path), PROMPT, out.token_ids), abs=2e-3)
+    assert out.logprobs == pytest.approx(_torch_logprobs(load_pretrained(path), PROMPT, out.token_ids),
+                                         abs=2e-3)
     await second.abort_all()  # and pushes work again afterwards
-    await second.transfer("start", {}, version=10)
-    await second.transfer("finish", {}, version=10)
+    await second.transfer(PushStep.START, {}, version=10)
+    await second.transfer(PushStep.FINISH, {}, version=10)
     await second.resume()

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from core.replica import ReplicaState, transition
+from core.replica import WEIGHT_ACTIONS, ReplicaState, transition
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus
 from shared.names import Names
@@ -39,7 +39,7 @@ def test_ipc_handles_travel_pickled_and_other_payloads_untouched():
 
 
 @pytest.mark.parametrize("state", list(ReplicaState))
-@pytest.mark.parametrize("action", ["weights_init", "weights_start", "weights_update", "weights_finish"])
+@pytest.mark.parametrize("action", sorted(WEIGHT_ACTIONS))
 def test_push_steps_are_legal_in_every_replica_state_and_change_nothing(state, action):
     assert transition(state, action) is state
 

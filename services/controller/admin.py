@@ -19,10 +19,11 @@ from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.controller import Mode
 from policies import build_policy, registered_policies
 from services.controller.service import Controller
 from shared.bus import text
-from shared.names import TRAINER_GROUP
+from shared.names import TRAINER_GROUP, TrainerStateField
 from shared.streams import group_lag
 
 
@@ -98,7 +99,7 @@ def build_app(controller: Controller, exporter: PrometheusExporter) -> FastAPI:
         core = controller.core
         exporter.update({"dynsched_controller_activations_total": float(core.activations),
                          "dynsched_controller_deactivations_total": float(core.deactivations),
-                         "dynsched_controller_hybrid_active": float(core.mode.value == "hybrid_active"),
+                         "dynsched_controller_hybrid_active": float(core.mode is Mode.HYBRID_ACTIVE),
                          "dynamic_resource/queue_size_now": float(
                              await group_lag(bus.redis, bus.names.mq, TRAINER_GROUP))})
         return Response(exporter.render(), media_type=CONTENT_TYPE_LATEST)
@@ -118,7 +119,8 @@ async def status_view(controller: Controller) -> dict[str, Any]:
                      for rid, v in sorted(replicas.items())},
         "lb_members": [text(m) for m in await bus.redis.lrange(names.lb_members, 0, -1)],
         "queue_size": await group_lag(bus.redis, names.mq, TRAINER_GROUP),
-        "trainer": {"global_steps": int(trainer.get("global_steps", 1)), "version": int(trainer.get("version", 0))},
+        "trainer": {"global_steps": int(trainer.get(TrainerStateField.GLOBAL_STEPS, 1)),
+                    "version": int(trainer.get(TrainerStateField.VERSION, 0))},
         "accounting": accounting,
         "last_metrics": controller.last_metrics,
     }

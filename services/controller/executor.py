@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from core import executor as ex
@@ -20,10 +21,12 @@ from shared.bus import Bus, text
 from shared.names import TRAINER_GROUP
 from shared.names import RolloutStateField as F
 from shared.rpc import CommandClient
-from shared.schema import CommandAction, WeightSyncReport
+from shared.schema import CommandAction
 from shared.streams import group_lag
 
 log = logging.getLogger(__name__)
+CONSUMER = "controller"
+"""The subject of the controller's audit events."""
 POLL_S = 0.05
 TRAINER_CALL_TIMEOUT_S = 3600.0
 """A weight sync may take minutes (a push of a large model). Sent once, never re-sent: a trainer
@@ -52,7 +55,8 @@ class Executor:
         elif isinstance(op, ex.SetMembers):
             action = CommandAction.ADD if op.add else CommandAction.REMOVE
             ack = await self.rpc.call(names.lb_commands, action, replica_ids=list(op.replica_ids))
-            return tuple(ack.data.get("members", []))
+            assert ack.routing is not None, f"{ack.sender} acked {action} with no routing report"
+            return tuple(ack.routing.members)
         elif isinstance(op, ex.SetActiveReplicas):
             await self.rpc.call(names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS,
                                 value=op.num_replicas)
@@ -64,19 +68,21 @@ class Executor:
             ack = await self.trainer_rpc.call(names.trainer_commands, CommandAction.SYNC_WEIGHTS,
                                               replica_ids=list(op.replica_ids), version=op.version,
                                               weights_path=op.weights_path)
-            return WeightSyncReport(**ack.data)
+            assert ack.weights is not None, f"{ack.sender} acked a weight sync with no report"
+            return ack.weights
         elif isinstance(op, ex.ClearSticky):
             await self.rpc.call(names.lb_commands, CommandAction.CLEAR_STICKY)
         elif isinstance(op, ex.ResetRollouter):
             ack = await self.rpc.call(names.rollouter_commands, CommandAction.RESET_STALENESS,
                                       version=op.version)
-            return {k: float(v) for k, v in ack.data.items()}
+            assert ack.rollout is not None, f"{ack.sender} acked a staleness reset with no report"
+            return dict(ack.rollout.metrics)
         elif isinstance(op, ex.ReadProgress):
             state = await self._rollouter_state()
             return ex.RolloutProgress(total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
                                       completed_steps=int(state.get(F.COMPLETED_STEPS, 1)))
         elif isinstance(op, ex.Audit):
-            await self.bus.audit(kind=op.kind, subject="controller", detail=op.detail, version=op.version)
+            await self.bus.record(op.event.to_event(subject=CONSUMER, t=time.time()))
         else:  # Checkpoint is the controller's own (it persists the event in progress)
             raise AssertionError(f"unhandled op {op!r}")
         return None

@@ -23,25 +23,25 @@ import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import msgpack
-
 from core import executor as ex
+from core import metrics as M
 from core.controller import ControllerCore, Mode
 from core.metrics import CycleAggregator
 from policies import DynamicScheduleContext, build_policy, load_policy_module
 from services.controller.executor import Executor
+from services.controller.snapshot import HandledEvent, dump_snapshot, load_snapshot
 from shared.bus import Bus
 from shared.config import Config
 from shared.names import CONTROLLER_GROUP, RunStateField, RunStatus
 from shared.rpc import CommandClient
 from shared.schema import (
+    AuditEvent,
     AuditKind,
+    AuditPhase,
     CommandAction,
     CycleMetrics,
-    TrainerAction,
     TrainerEvent,
     TrainerPhase,
     TrainerReply,
@@ -68,25 +68,6 @@ def build_core(config: Config) -> ControllerCore:
     return ControllerCore(policy=policy, ctx=ctx, hybrid_ids=config.hybrid_ids,
                           standalone_ids=config.standalone_ids,
                           enable_rebalance=at.dynamic_schedule_enable_rebalance)
-
-
-@dataclass(kw_only=True)
-class HandledEvent:
-    """The trainer event handled last (persisted with the core): a replay of it after a restart
-    finishes it (`finished` False) or only re-sends its reply."""
-
-    phase: TrainerPhase
-    global_steps: int
-    finished: bool = False
-    reply: dict[str, Any] = field(default_factory=dict)
-    """The TrainerReply sent, as plain data ({} when the phase gets none)."""
-
-    def matches(self, event: TrainerEvent) -> bool:
-        return (self.phase, self.global_steps) == (event.phase, event.global_steps)
-
-    def saved_reply(self) -> TrainerReply | None:
-        data = self.reply
-        return TrainerReply(**{**data, "action": TrainerAction(data["action"])}) if data else None
 
 
 class Controller:
@@ -149,11 +130,9 @@ class Controller:
         if raw is None:
             await self.persist()
             return
-        saved = msgpack.unpackb(raw, raw=False)
-        core = ControllerCore.restore(saved["core"], policy=self.core.policy)
+        core_state, self.last_event = load_snapshot(raw, key=self.bus.names.controller_state)
+        core = ControllerCore.restore(core_state, policy=self.core.policy)
         self.executor_core = ex.ExecutorCore(core=core, clock=time.monotonic)
-        last = saved.get("last_event")
-        self.last_event = HandledEvent(**{**last, "phase": TrainerPhase(last["phase"])}) if last else None
         log.info("restored controller: mode=%s last_event=%s", core.mode, self.last_event)
 
     async def _announce_capacity(self) -> None:
@@ -163,9 +142,8 @@ class Controller:
                             value=serving)
 
     async def persist(self) -> None:
-        state = {"core": self.core.snapshot(),
-                 "last_event": dataclasses.asdict(self.last_event) if self.last_event else None}
-        await self.bus.redis.set(self.bus.names.controller_state, msgpack.packb(state, use_bin_type=True))
+        await self.bus.redis.set(self.bus.names.controller_state, dump_snapshot(self.core.snapshot(),
+                                                                                self.last_event))
 
     # -- events ----------------------------------------------------------------------
 
@@ -223,13 +201,13 @@ class Controller:
 
     async def _emit_cycle(self, event: TrainerEvent) -> None:
         report = dict(self.cycle_report)
-        rollout_utilization = report.pop("dynamic_resource/rollout_resource_utilization", None)
+        rollout_utilization = report.pop(M.ROLLOUT_UTIL, None)
         self.aggregator.add(report)
         metrics = self.aggregator.reduce(
             rollout_utilization=rollout_utilization, num_trainer_gpus=self.config.trainer.num_gpus,
             num_standalone_gpus=self.config.rollout.num_standalone_gpus)
         num_gpus = self.config.trainer.num_gpus + self.config.rollout.num_standalone_gpus
-        step_s = metrics.get("timing_s/step", 0.0)
+        step_s = metrics.get(M.STEP_TIME, 0.0)
         if step_s > 0:  # the original's perf/throughput: tokens / (step time x all GPUs)
             metrics["perf/throughput"] = metrics.get("perf/total_num_tokens", 0.0) / (step_s * num_gpus)
         metrics.update({"dynamic_resource/activations": float(self.core.activations),
@@ -248,7 +226,8 @@ class Controller:
         if len(self.aggregator):
             log.info("dropping metrics of an incomplete final cycle")
         await self.bus.redis.hset(self.bus.names.run_state, RunStateField.STATUS, RunStatus.DONE)
-        await self.bus.audit(kind=AuditKind.PHASE, subject="controller", detail="run done")
+        await self.bus.record(AuditEvent(kind=AuditKind.PHASE, subject=CONSUMER, t=time.time(),
+                                         phase=AuditPhase.RUN_DONE, detail="run done"))
 
     # -- admin -------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ and is routed as soon as a replica is added; no replica ever parks one.
 
 Clean stop: loops end; waiting requests stay unacked in the consumer group.
 Crash: everything unacked is replayed on restart; membership is reloaded
-from Redis (`lb_members`); each member's in-flight count restarts at the
+from Redis (`lb_members`); each member's in-flight count is restored to the
 requests its worker has not acked yet (its request stream's lag + pending).
 """
 
@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -34,13 +33,24 @@ from core.routing import LoadBalancerState, NoReplicaAvailable
 from shared.bus import Bus, Subscription, text
 from shared.names import LOADBALANCER_GROUP, WORKER_GROUP
 from shared.runtime import sleep_unless
-from shared.schema import Command, GenerateRequest, GenerateResult, MalformedMessage, decode
+from shared.schema import (
+    FINISHED,
+    AuditEvent,
+    AuditKind,
+    Command,
+    CommandAction,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    MalformedMessage,
+    RoutingReport,
+    decode,
+)
 from shared.streams import StreamConsumer, group_lag, group_pending
 
 log = logging.getLogger(__name__)
 CONSUMER = "loadbalancer"
 WATCH_INTERVAL_S = 1.0
-FINISHED = ("stop", "length")
 
 
 class LoadBalancer:
@@ -108,7 +118,8 @@ class LoadBalancer:
             self.routing_latencies_s.append(time.perf_counter() - started)
             routed.append((entry_id, dataclasses.replace(request, replica_id=replica_id)))
         if routed:
-            await self.bus.publish_many([(self.bus.names.worker_requests(r.replica_id), r) for _, r in routed])
+            await self.bus.publish_many([(self.bus.names.worker_requests(r.replica_id), r)
+                                         for _, r in routed])
             await sub.ack(*(entry_id for entry_id, _ in routed))
 
     async def _relay(self, sub: Subscription, stop: asyncio.Event) -> None:
@@ -137,11 +148,11 @@ class LoadBalancer:
                     if replica_id in self._dead:
                         self._dead.discard(replica_id)
                         self.state.add_replicas([replica_id])
-                        await self.bus.audit(kind="lb", subject=CONSUMER, detail=f"alive again {replica_id}")
+                        await self._audit(f"alive again {replica_id}", alive=True, replica_ids=[replica_id])
                 elif replica_id in seen_alive and replica_id not in self._dead:
                     self._dead.add(replica_id)
                     self.state.remove_replicas([replica_id])
-                    await self.bus.audit(kind="lb", subject=CONSUMER, detail=f"dead {replica_id}")
+                    await self._audit(f"dead {replica_id}", alive=False, replica_ids=[replica_id])
             for replica_id in self._dead:
                 await self._reject_stranded(replica_id)
             await sleep_unless(stop, WATCH_INTERVAL_S)
@@ -163,7 +174,7 @@ class LoadBalancer:
                 if isinstance(request, GenerateRequest):
                     answers.append((names.rollouter_results, GenerateResult(
                         request_id=request.request_id, sample_id=request.sample_id, replica_id=replica_id,
-                        token_ids=[], logprobs=[], finish_reason="rejected", weight_version=-1,
+                        token_ids=[], logprobs=[], finish_reason=FinishReason.REJECTED, weight_version=-1,
                         attempt=request.attempt)))
             await self.bus.publish_many(answers)
             await rescuer.ack([e.entry_id for e in entries])
@@ -172,29 +183,36 @@ class LoadBalancer:
         finally:
             await rescuer.aclose(release_lease=True)
 
-    async def _apply(self, command: Command) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        if command.action == "add":  # a dead member joins routing when its heartbeat returns
-            data["added"] = self.state.add_replicas(r for r in command.replica_ids if r not in self._dead)
-        elif command.action == "remove":
-            data["removed"] = self.state.remove_replicas(command.replica_ids)
+    async def _apply(self, command: Command) -> RoutingReport:
+        changed: list[str] = []
+        cleared = 0
+        if command.action is CommandAction.ADD:  # a dead member joins routing when its heartbeat returns
+            changed = self.state.add_replicas(r for r in command.replica_ids if r not in self._dead)
+        elif command.action is CommandAction.REMOVE:
+            changed = self.state.remove_replicas(command.replica_ids)
             self._dead.difference_update(command.replica_ids)
-        elif command.action == "clear_sticky":
-            data["cleared"] = self.state.clear_sticky()
-        elif command.action != "inflight":
-            raise ValueError(f"unknown load-balancer action {command.action!r}")
-        if command.action in ("add", "remove"):
+        elif command.action is CommandAction.CLEAR_STICKY:
+            cleared = self.state.clear_sticky()
+        elif command.action is not CommandAction.INFLIGHT:
+            raise ValueError(f"unknown load-balancer action {str(command.action)!r}")
+        if command.action in (CommandAction.ADD, CommandAction.REMOVE):
             await self._save_members()
-            await self.bus.audit(kind="lb", subject=CONSUMER, detail=f"{command.action} {command.replica_ids}")
-        data.update(members=list(self.state.replica_ids), loads=self.state.loads(),
-                    total_inflight=self.state.total_inflight(), waiting=len(self._waiting))
-        return data
+            await self._audit(f"{command.action} {command.replica_ids}", action=command.action,
+                              replica_ids=list(command.replica_ids))
+        return RoutingReport(members=list(self.state.replica_ids), loads=self.state.loads(),
+                             total_inflight=self.state.total_inflight(), waiting=len(self._waiting),
+                             changed=changed, cleared=cleared)
 
+    async def _audit(self, detail: str, *, alive: bool | None = None, action: CommandAction | None = None,
+                     replica_ids: list[str]) -> None:
+        await self.bus.record(AuditEvent(kind=AuditKind.LB, subject=CONSUMER, t=time.time(), detail=detail,
+                                         alive=alive, action=action, replica_ids=replica_ids))
 
 
 async def _unacked(bus: Bus, stream: str) -> int:
     """Requests in a worker's stream it has not acked, read or not (it still owes their results)."""
     try:
-        return await group_lag(bus.redis, stream, WORKER_GROUP) + await group_pending(bus.redis, stream, WORKER_GROUP)
+        queued = await group_lag(bus.redis, stream, WORKER_GROUP)
+        return queued + await group_pending(bus.redis, stream, WORKER_GROUP)
     except ResponseError:  # no such stream or group yet: nothing was read
         return await group_lag(bus.redis, stream, WORKER_GROUP)

@@ -1,4 +1,5 @@
-"""`python -m services.rollout_worker --replica-id ID [--replica-id ID2 ...]`: one process, one or more replicas."""
+"""`python -m services.rollout_worker --replica-id ID [--replica-id ID2 ...]`: one process, one or
+more replicas."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         incarnations = {replica_id: uuid.uuid4().hex[:12] for replica_id in args.replica_id}
-        for replica_id, incarnation in incarnations.items():  # alive while the engine starts (vLLM: tens of s)
+        # alive while the engine starts (vLLM: tens of s)
+        for replica_id, incarnation in incarnations.items():
             await bus.redis.set(names.worker_heartbeat(replica_id), incarnation, ex=STARTUP_TTL_S)
         workers = []
         for replica_id in args.replica_id:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from shared.schema import FinishReason, PushStep
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineOutput:
@@ -16,15 +18,16 @@ class EngineOutput:
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str
-    """'stop', 'length', or 'abort' (partial tokens; the engine was paused)."""
+    finish_reason: FinishReason
+    """STOP, LENGTH, or ABORT (partial tokens; the engine was paused)."""
     timings: dict[str, float] = field(default_factory=dict)
 
 
 class Engine(Protocol):
     async def start(self) -> None: ...
 
-    async def generate(self, *, request_id: str, prompt_token_ids: list[int], max_tokens: int) -> EngineOutput: ...
+    async def generate(self, *, request_id: str, prompt_token_ids: list[int],
+                       max_tokens: int) -> EngineOutput: ...
 
     async def abort_all(self) -> None: ...
 
@@ -36,7 +39,7 @@ class Engine(Protocol):
 
     async def load_weights(self, *, version: int, path: str | None) -> None: ...
 
-    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+    async def transfer(self, step: PushStep, info: dict[str, Any], *, version: int) -> None:
         """One step (init, start, update, finish) of a weight push the trainer drives."""
 
     async def close(self) -> None: ...

@@ -25,6 +25,7 @@ from typing import Any
 from services.rollout_worker.engine import EngineOutput
 from shared.config import SimEngineConfig
 from shared.runtime import sleep_unless
+from shared.schema import FinishReason, PushStep
 
 MAX_TOKENS_PER_TICK = 32
 """Upper bound on tokens advanced between two looks at the batch, so arrivals join promptly."""
@@ -37,7 +38,7 @@ class _Running:
     hit_length_limit: bool
     rng: random.Random
     token_ids: list[int] = field(default_factory=list)
-    done: asyncio.Future[str] | None = None
+    done: asyncio.Future[FinishReason] | None = None
 
 
 class SimEngine:
@@ -63,17 +64,19 @@ class SimEngine:
         if self._loop_task:
             self._loop_task.cancel()
 
-    async def generate(self, *, request_id: str, prompt_token_ids: list[int], max_tokens: int) -> EngineOutput:
+    async def generate(self, *, request_id: str, prompt_token_ids: list[int],
+                       max_tokens: int) -> EngineOutput:
         if self.paused:
-            return EngineOutput(token_ids=[], logprobs=[], finish_reason="abort")
+            return EngineOutput(token_ids=[], logprobs=[], finish_reason=FinishReason.ABORT)
         await asyncio.sleep(self.config.prefill_s_per_token * len(prompt_token_ids) * self.time_scale)
         if self.paused:
-            return EngineOutput(token_ids=[], logprobs=[], finish_reason="abort")
+            return EngineOutput(token_ids=[], logprobs=[], finish_reason=FinishReason.ABORT)
         target = self._target_length(request_id)
         generated_so_far = max(0, len(prompt_token_ids) - self.prompt_length)
         remaining = max(1, target - generated_so_far)
         rng = random.Random(zlib.crc32(f"{request_id}/{generated_so_far}".encode()) ^ self.seed)
-        running = _Running(remaining=min(remaining, max_tokens), hit_length_limit=remaining > max_tokens, rng=rng)
+        running = _Running(remaining=min(remaining, max_tokens), hit_length_limit=remaining > max_tokens,
+                           rng=rng)
         running.done = asyncio.get_running_loop().create_future()
         self._running[request_id + f"#{id(running)}"] = running
         self._changed.set()
@@ -100,7 +103,7 @@ class SimEngine:
         await asyncio.sleep(self.config.weight_sync_s * self.time_scale)
         self.version = version
 
-    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+    async def transfer(self, step: PushStep, info: dict[str, Any], *, version: int) -> None:
         raise ValueError("the sim engine has no push weight transport (config validation forbids it)")
 
     def _target_length(self, request_id: str) -> int:
@@ -110,7 +113,8 @@ class SimEngine:
         return max(lengths.min_tokens, int(rng.gauss(mean, lengths.std)))
 
     def _step_time_s(self) -> float:
-        return self.config.decode_s_per_step * (1.0 + self.config.batch_slowdown * len(self._running)) * self.time_scale
+        slowdown = 1.0 + self.config.batch_slowdown * len(self._running)
+        return self.config.decode_s_per_step * slowdown * self.time_scale
 
     async def _decode_loop(self) -> None:
         """1. wait for work; 2. advance every running request by the tokens that fit in the
@@ -122,7 +126,7 @@ class SimEngine:
                 await self._changed.wait()
                 continue
             if self.paused:
-                self._finish_all("abort")
+                self._finish_all(FinishReason.ABORT)
                 continue
             step_s = self._step_time_s()
             tokens_to_next = min(MAX_TOKENS_PER_TICK, min(r.remaining for r in self._running.values()))
@@ -138,13 +142,13 @@ class SimEngine:
             running.token_ids.extend(running.rng.randrange(3, VOCAB_SIZE) for _ in range(num_tokens))
             running.remaining -= num_tokens
             if running.remaining <= 0:
-                self._finish(key, "length" if running.hit_length_limit else "stop")
+                self._finish(key, FinishReason.LENGTH if running.hit_length_limit else FinishReason.STOP)
 
-    def _finish_all(self, finish_reason: str) -> None:
+    def _finish_all(self, finish_reason: FinishReason) -> None:
         for key in list(self._running):
             self._finish(key, finish_reason)
 
-    def _finish(self, key: str, finish_reason: str) -> None:
+    def _finish(self, key: str, finish_reason: FinishReason) -> None:
         running = self._running.pop(key)
         if running.done is not None and not running.done.done():
             running.done.set_result(finish_reason)

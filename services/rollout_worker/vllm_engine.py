@@ -35,6 +35,7 @@ from typing import Any
 
 from services.rollout_worker.engine import EngineOutput
 from shared import weights
+from shared.schema import FinishReason, PushStep
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ class VllmEngine:
         cuda = _on_cuda()
         if self.config.weight_transfer == "ipc":  # IPC handles travel pickled (trusted Redis only)
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        transfer = WeightTransferConfig(backend=self.config.weight_transfer) if self.config.weight_transfer else None
+        backend = self.config.weight_transfer
+        transfer = WeightTransferConfig(backend=backend) if backend else None
         self.sleep_mode = "cuda" if cuda else "emulated"
         args = AsyncEngineArgs(
             model=self.config.model_path,
@@ -168,7 +170,7 @@ class VllmEngine:
     ) -> EngineOutput:
         """Sample one response; on abort returns the partial tokens with finish_reason 'abort'."""
         if self.paused or self.sleeping:
-            return EngineOutput(token_ids=[], logprobs=[], finish_reason="abort")
+            return EngineOutput(token_ids=[], logprobs=[], finish_reason=FinishReason.ABORT)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         assert self._llm is not None, "generate() before start()"
@@ -177,7 +179,7 @@ class VllmEngine:
         params = self._sampling_params(request_id, len(prompt_token_ids), max_tokens)
         token_ids: list[int] = []
         logprobs: list[float] = []
-        finish_reason = "abort"
+        finish_reason = FinishReason.ABORT
         t0 = time.monotonic()
         self._inflight.add(vllm_id)
         try:
@@ -188,7 +190,7 @@ class VllmEngine:
                 for tok, lp in zip(completion.token_ids, completion.logprobs or [], strict=True):
                     logprobs.append(float(lp[tok].logprob))
                 if out.finished:
-                    finish_reason = completion.finish_reason or "abort"
+                    finish_reason = _finish_reason(completion.finish_reason)
         finally:
             self._inflight.discard(vllm_id)
         assert len(logprobs) == len(token_ids), (vllm_id, len(logprobs), len(token_ids))
@@ -267,7 +269,7 @@ class VllmEngine:
         self.timings["load_weights_s"] = time.monotonic() - t0
         log.info("loaded weights v%d from %s in %.2fs", version, path, self.timings["load_weights_s"])
 
-    async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
+    async def transfer(self, step: PushStep, info: dict[str, Any], *, version: int) -> None:
         """One step of a trainer-driven push (shared/weight_transfer.py) through vLLM's API:
         'init' (join the trainer's group), 'start', 'update' (receive a chunk), 'finish'.
 
@@ -281,17 +283,17 @@ class VllmEngine:
 
         assert self._llm is not None, "transfer() before start()"
         t0 = time.monotonic()
-        if step == "init":
+        if step is PushStep.INIT:
             await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
-        elif step == "start":
+        elif step is PushStep.START:
             if self._push_open:
                 log.warning("closing a weight push that never finished")
                 await self._llm.finish_weight_update()
             await self._llm.start_weight_update()
             self._push_open = True
-        elif step == "update":
+        elif step is PushStep.UPDATE:
             await self._llm.update_weights(WeightTransferUpdateRequest(update_info=info))
-        elif step == "finish":
+        elif step is PushStep.FINISH:
             await self._llm.finish_weight_update()
             self._push_open = False
             await self._llm.reset_prefix_cache()
@@ -299,3 +301,12 @@ class VllmEngine:
         else:
             raise ValueError(f"unknown weight transfer step {step!r}")
         self.timings[f"transfer_{step}_s"] = time.monotonic() - t0
+
+
+def _finish_reason(vllm_reason: str | None) -> FinishReason:
+    """vLLM's reason as ours; anything else (none, an engine error) is an abort: retried elsewhere."""
+    if vllm_reason in (FinishReason.STOP, FinishReason.LENGTH):
+        return FinishReason(vllm_reason)
+    if vllm_reason not in (None, FinishReason.ABORT):
+        log.warning("vLLM finished a request with %r: treated as an abort (retried)", vllm_reason)
+    return FinishReason.ABORT

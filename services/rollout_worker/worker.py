@@ -23,16 +23,27 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
 
 from core.replica import ReplicaState, transition
 from services.rollout_worker.engine import Engine
 from shared.bus import Bus, Subscription, text
-from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP
+from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP, TrainerStateField
 from shared.runtime import sleep_unless
-from shared.schema import Command, GenerateRequest, GenerateResult
+from shared.schema import (
+    PUSH_ACTIONS,
+    AuditEvent,
+    AuditKind,
+    Command,
+    CommandAction,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    ReplicaReport,
+)
 
 log = logging.getLogger(__name__)
+_PUSH_STEPS = {action: step for step, action in PUSH_ACTIONS.items()}
+"""The trainer-driven push's actions, as the engine's `transfer` names its steps."""
 
 
 class RolloutWorker:
@@ -57,7 +68,7 @@ class RolloutWorker:
         await self._catch_up()
         if self.state is ReplicaState.SLEEPING:
             await self.engine.sleep()
-        await self._publish_state("started")
+        await self._publish_state(None)
         loops = [
             asyncio.create_task(self._serve_commands(stop)),
             asyncio.create_task(self._serve_requests(stop)),
@@ -76,7 +87,7 @@ class RolloutWorker:
         """A replica (re)started mid-run loads the weights of the trainer's last sync, instead of
         generating with the base model until the next one; if that fails it says so and goes on."""
         raw_version, raw_path = await self.bus.redis.hmget(
-            self.bus.names.trainer_state, ["weights_version", "weights_path"])
+            self.bus.names.trainer_state, [TrainerStateField.WEIGHTS_VERSION, TrainerStateField.WEIGHTS_PATH])
         version = int(raw_version or 0)
         if version <= self.version:
             return
@@ -107,7 +118,7 @@ class RolloutWorker:
             log.error("%s: ignoring %s on request stream", self.replica_id, type(message).__name__)
             await sub.ack(entry_id)
         elif self.state is not ReplicaState.SERVING:
-            await self._send_result(message, token_ids=[], logprobs=[], finish_reason="rejected")
+            await self._send_result(message, token_ids=[], logprobs=[], finish_reason=FinishReason.REJECTED)
             await sub.ack(entry_id)
         else:
             task = asyncio.create_task(self._generate(message, entry_id, sub))
@@ -118,7 +129,8 @@ class RolloutWorker:
         version = self.version
         started = time.monotonic()
         output = await self.engine.generate(
-            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, max_tokens=request.max_tokens
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            max_tokens=request.max_tokens
         )
         await self._send_result(request, token_ids=output.token_ids, logprobs=output.logprobs,
                                 finish_reason=output.finish_reason, version=version,
@@ -126,7 +138,8 @@ class RolloutWorker:
         await sub.ack(entry_id)
 
     async def _send_result(self, request: GenerateRequest, *, token_ids: list[int], logprobs: list[float],
-                           finish_reason: str, version: int | None = None, generation_time_s: float = 0.0) -> None:
+                           finish_reason: FinishReason, version: int | None = None,
+                           generation_time_s: float = 0.0) -> None:
         result = GenerateResult(
             request_id=request.request_id, sample_id=request.sample_id, replica_id=self.replica_id,
             token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
@@ -143,27 +156,27 @@ class RolloutWorker:
         finally:
             await sub.close()
 
-    async def _apply(self, command: Command) -> dict[str, Any]:
+    async def _apply(self, command: Command) -> ReplicaReport:
         """Illegal in this state (IllegalReplicaTransition) or unknown: a ValueError, acked as not ok."""
         started = time.monotonic()
         next_state = transition(self.state, command.action)
         await self._run_engine(command)
         self.state = next_state
         await self._publish_state(command.action)
-        return {"state": self.state.value, "version": self.version, "duration_s": time.monotonic() - started}
+        return ReplicaReport(state=self.state, version=self.version, duration_s=time.monotonic() - started)
 
     async def _run_engine(self, command: Command) -> None:
         action = command.action
-        if action == "abort":
+        if action is CommandAction.ABORT:
             await self.engine.abort_all()
-        elif action == "resume":
+        elif action is CommandAction.RESUME:
             await self.engine.resume()
-        elif action == "sleep":
+        elif action is CommandAction.SLEEP:
             await self.engine.sleep()
-        elif action == "wake":
+        elif action is CommandAction.WAKE:
             if self.state is ReplicaState.SLEEPING:
                 await self.engine.wake()
-        elif action == "update_weights":
+        elif action is CommandAction.UPDATE_WEIGHTS:
             self._resume_after_push = False  # the fallback after a failed push resumes below
             serving = self.state is ReplicaState.SERVING
             if serving:
@@ -172,7 +185,7 @@ class RolloutWorker:
             self.version = command.version
             if serving:
                 await self.engine.resume()
-        elif action.startswith("weights_"):
+        elif action in _PUSH_STEPS:
             await self._push_step(command)
         else:
             raise ValueError(f"unknown worker action {action!r}")
@@ -180,25 +193,28 @@ class RolloutWorker:
     async def _push_step(self, command: Command) -> None:
         """A step of the trainer's weight push; a SERVING replica is paused from start to finish.
         A failure is acked as not ok (the controller then falls back to the filesystem)."""
-        step = command.action.removeprefix("weights_")
-        if step == "start" and self.state is ReplicaState.SERVING:
+        step = _PUSH_STEPS[command.action]
+        if command.action is CommandAction.WEIGHTS_START and self.state is ReplicaState.SERVING:
             await self.engine.abort_all()
             self._resume_after_push = True
         try:
             await self.engine.transfer(step, command.data, version=command.version)
         except Exception as exc:
             raise ValueError(f"weight push {step} failed: {type(exc).__name__}: {exc}") from exc
-        if step == "finish":
+        if command.action is CommandAction.WEIGHTS_FINISH:
             self.version = command.version
             if self._resume_after_push:
                 self._resume_after_push = False
                 await self.engine.resume()
 
-    async def _publish_state(self, reason: str) -> None:
+    async def _publish_state(self, action: CommandAction | None) -> None:
+        """The state in `replica_states` and on the audit stream; `action` None: the worker started."""
         names = self.bus.names
         await self.bus.redis.hset(names.replica_states, self.replica_id, f"{self.state.value}:{self.version}")
-        await self.bus.audit(kind="replica_state", subject=self.replica_id, detail=f"{self.state.value} ({reason})",
-                             version=self.version)
+        reason = action.value if action else "started"
+        await self.bus.record(AuditEvent(kind=AuditKind.REPLICA_STATE, subject=self.replica_id, t=time.time(),
+                                         state=self.state, action=action, version=self.version,
+                                         detail=f"{self.state.value} ({reason})"))
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         key = self.bus.names.worker_heartbeat(self.replica_id)

@@ -34,7 +34,15 @@ from shared.config import ROLLOUTER_MONITOR_INTERVAL_S, Config
 from shared.names import ROLLOUTER_GROUP, TRAINER_GROUP, AccountingField, SampleState
 from shared.names import RolloutStateField as F
 from shared.runtime import sleep_unless
-from shared.schema import Command, CommandAction, GenerateRequest, GenerateResult, Sample, encode
+from shared.schema import (
+    Command,
+    CommandAction,
+    GenerateRequest,
+    GenerateResult,
+    RolloutReport,
+    Sample,
+    encode,
+)
 from shared.streams import ensure_group, group_lag
 
 log = logging.getLogger(__name__)
@@ -183,23 +191,22 @@ class Rollouter:
 
     # -- commands from the controller ------------------------------------------------
 
-    async def _apply(self, command: Command) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        if command.action == CommandAction.SET_ACTIVE_REPLICAS:
+    async def _apply(self, command: Command) -> RolloutReport:
+        metrics: dict[str, float] = {}
+        if command.action is CommandAction.SET_ACTIVE_REPLICAS:
             self.lifecycle.set_replicas(command.value, time.time())
             await self.bus.redis.hset(self.bus.names.rollouter_state, F.NUM_REPLICAS, command.value)
             await self._publish_status(await self._mq_size())
-            data[F.MAX_CONCURRENT_SAMPLES] = self.lifecycle.max_concurrent
-        elif command.action == CommandAction.RESET_STALENESS:
+        elif command.action is CommandAction.RESET_STALENESS:
             mq_size = await self._mq_size()
-            data = self.lifecycle.reset(version=command.version, mq_size=mq_size, now_s=time.time())
+            metrics = self.lifecycle.reset(version=command.version, mq_size=mq_size, now_s=time.time())
             await self._publish_status(mq_size)
             await self.bus.redis.hset(self.bus.names.rollouter_state, mapping={
                 F.COMPLETED_STEPS: self.lifecycle.tracker.completed_steps, F.VERSION: command.version})
         else:
             raise ValueError(f"unknown rollouter action {command.action!r}")
         self._changed.set()
-        return data
+        return RolloutReport(max_concurrent_samples=self.lifecycle.max_concurrent, metrics=metrics)
 
     # -- monitor ---------------------------------------------------------------------
 

@@ -27,7 +27,6 @@ from Redis, so training continues where it stopped.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -44,7 +43,9 @@ from shared.names import TRAINER_GROUP, AccountingField, SampleState
 from shared.names import TrainerStateField as F
 from shared.rpc import CommandClient, CommandFailed
 from shared.schema import (
+    AuditEvent,
     AuditKind,
+    AuditPhase,
     Command,
     CommandAction,
     MalformedMessage,
@@ -209,12 +210,16 @@ class Trainer:
     async def _train(self, batch: Sequence[tuple[bytes, Sample]]) -> tc.TrainResult:
         gs, version = self.cycle.global_steps, self.cycle.version
         samples = [sample for _, sample in batch]
-        await self.bus.audit(kind=AuditKind.PHASE, subject="trainer", detail=f"train_start {gs}",
-                             version=version)
+        await self._record_phase(AuditPhase.TRAIN_START, gs, version)
         timings = await asyncio.to_thread(self.backend.train_micro_step, samples)
-        await self.bus.audit(kind=AuditKind.PHASE, subject="trainer", detail=f"train_end {gs}",
-                             version=version)
+        await self._record_phase(AuditPhase.TRAIN_END, gs, version)
         return tc.TrainResult(timings=timings, stats=self._sample_metrics(samples))
+
+    async def _record_phase(self, phase: AuditPhase, global_steps: int, version: int) -> None:
+        await self.bus.record(AuditEvent(kind=AuditKind.PHASE, subject=CONSUMER, t=time.time(),
+                                         phase=phase,
+                                         global_steps=global_steps, version=version,
+                                         detail=f"{phase} {global_steps}"))
 
     async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]]) -> None:
         """XACK and move the samples to 'trained' in one transaction (exactly-once accounting)."""
@@ -260,17 +265,17 @@ class Trainer:
 
     # -- commands from the controller during a sync ------------------------------------
 
-    async def _apply(self, command: Command) -> dict[str, Any]:
-        if command.action == CommandAction.RELEASE_GPUS:
+    async def _apply(self, command: Command) -> WeightSyncReport | None:
+        if command.action is CommandAction.RELEASE_GPUS:
             await asyncio.to_thread(self.backend.release_gpu)
-            return {}
-        if command.action == CommandAction.SYNC_WEIGHTS:
+            return None
+        if command.action is CommandAction.SYNC_WEIGHTS:
             try:
                 report = await self.sync_replicas(tuple(command.replica_ids), command.version,
                                                   command.weights_path)
             except CommandFailed as exc:  # a worker rejected or never acked its reload: a failed sync
                 raise ValueError(str(exc)) from exc
-            return dataclasses.asdict(report)
+            return report
         raise ValueError(f"unknown trainer action {command.action!r}")
 
     async def sync_replicas(self, replica_ids: tuple[str, ...], version: int,

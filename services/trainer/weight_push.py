@@ -22,6 +22,7 @@ from typing import Any
 from shared.bus import text
 from shared.names import Names
 from shared.rpc import CommandClient
+from shared.schema import PUSH_ACTIONS, CommandAction, PushStep
 from shared.weight_transfer import SyncClient
 
 WATCH_INTERVAL_S = 0.5
@@ -45,11 +46,11 @@ class StreamSyncClient(SyncClient):
         anew when they change, i.e. when a replica restarted."""
         self.timeout_s = timeout_s
 
-    def _send(self, step: str, payloads: list[dict[str, Any]]) -> None:
+    def _send(self, step: PushStep, payloads: list[dict[str, Any]]) -> None:
         """Called from the transfer thread: run the fan-out on the loop, block until it is done."""
-        asyncio.run_coroutine_threadsafe(self._fan_out(f"weights_{step}", payloads), self.loop).result()
+        asyncio.run_coroutine_threadsafe(self._fan_out(PUSH_ACTIONS[step], payloads), self.loop).result()
 
-    async def _fan_out(self, action: str, payloads: list[dict[str, Any]]) -> None:
+    async def _fan_out(self, action: CommandAction, payloads: list[dict[str, Any]]) -> None:
         """Send `action` to every target and wait for all acks, but give up as soon as a target's
         worker is gone (heartbeat expired, or a new incarnation): it would never answer."""
         calls: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(
@@ -67,7 +68,7 @@ class StreamSyncClient(SyncClient):
                 task.cancel()
             await asyncio.gather(calls, watch, return_exceptions=True)
 
-    async def _watch_targets(self, action: str) -> None:
+    async def _watch_targets(self, action: CommandAction) -> None:
         keys = [self.names.worker_heartbeat(r) for r in self.replica_ids]
         expected = self.incarnations or (None,) * len(keys)
         while True:
