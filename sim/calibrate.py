@@ -7,7 +7,8 @@ report. ``dynsched validate`` then compares every row, fitted or not, with the m
 Observables per row (``sim.observe``): step time, ``timing_s/gen``, update time, tokens per step,
 mq_size, wall hours after N steps (when the simulation reaches N), each where the row gives it;
 residuals are relative errors, ``gen`` relative to a tenth of the step (a small wait must not
-dominate). Method: Levenberg-Marquardt on simulated observables, finite-difference Jacobian, each step clipped (damped) and projected into the parameter's bounds.
+dominate). Method: Levenberg-Marquardt on simulated observables, finite-difference Jacobian,
+each step clipped (damped) and projected into the parameter's bounds.
 
 Refusals, each naming the reason:
 
