@@ -39,9 +39,10 @@ class Check:
         return self.predicted / self.published - 1.0
 
 
-def _simulate_row(args: tuple[Scenario, PublishedRow, int]) -> list[Check]:
+def _simulate_row(args: tuple[Scenario, PublishedRow, int | None]) -> list[Check]:
     scenario, row, max_steps = args
-    steps = min(max(row.hours, default=DEFAULT_STEPS), max_steps)
+    steps = max(row.hours, default=DEFAULT_STEPS)
+    steps = min(steps, max_steps) if max_steps else steps
     trigger = scenario.async_training.trigger_parameter_sync_step
     res = simulate(row_scenario(scenario, row, steps))
     sim = from_result(res, label=row.label)
@@ -58,7 +59,7 @@ def _simulate_row(args: tuple[Scenario, PublishedRow, int]) -> list[Check]:
     return checks
 
 
-def validate(scenario: Scenario, *, max_steps: int = 400, workers: int = 1) -> list[Check]:
+def validate(scenario: Scenario, *, max_steps: int | None = None, workers: int = 1) -> list[Check]:
     rows = scenario.config.simulator.published
     jobs = [(scenario, row, max_steps) for row in rows]
     if workers > 1 and len(jobs) > 1:
@@ -104,6 +105,7 @@ def add_subcommand(subparsers: Any) -> None:
     parser = subparsers.add_parser("validate", help="published rows of a scenario vs the model, with errors")
     parser.add_argument("--config", "--scenario", dest="config", required=True,
                         help="scenario YAML with simulator.published rows")
-    parser.add_argument("--max-steps", type=int, default=400, help="cap on trainer steps simulated per row")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="cap on trainer steps per row (default: the row's longest hours figure)")
     parser.add_argument("--workers", type=int, default=1, help="rows simulated in parallel")
     parser.set_defaults(handler=cmd_validate)
