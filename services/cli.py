@@ -222,7 +222,7 @@ def config_check_command(args: argparse.Namespace) -> int:
 
 
 def add_sim_subcommands(commands: Any) -> None:
-    """`simulate` and `plan` from the discrete-event simulator, when it is there."""
+    """`simulate`, `plan` and `validate` from the discrete-event simulator, when it is there."""
     try:
         sim_cli = importlib.import_module("sim.cli")
     except ImportError:
@@ -230,6 +230,9 @@ def add_sim_subcommands(commands: Any) -> None:
     add = getattr(sim_cli, "add_subcommands", None)
     if callable(add):
         add(commands)
+    add_validate = getattr(importlib.import_module("sim.validate"), "add_subcommand", None)
+    if callable(add_validate):
+        add_validate(commands)  # `validate`: a scenario's published rows vs the model
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.config_errors import ConfigError, format_errors
+from shared.sim_config import PhysicsConfig, PublishedRow
 
 __all__ = ["Config", "ConfigError", "config_from_dict", "config_json_schema", "config_to_dict", "load_config",
            "replace_config"]
@@ -166,6 +167,11 @@ class SimWorkloadConfig(_Section):
     prompt_tokens_max: Count = 4096
     response_tokens_sigma: NonNegative = 1.0
     response_tokens_max: Count = 65536
+    max_length_share: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Share of responses that run to response_tokens_max (repetition, no EOS) instead of the log-normal."""
+    drift_horizon_samples: Count | None = None
+    """Samples over which the median drifts (unset: the run's prompts); set it so a shortened run
+    (--prompts) is the start of the same run."""
 
 
 class SimTrainerConfig(_Section):
@@ -178,6 +184,9 @@ class SimTrainerConfig(_Section):
     """Per micro-step overhead that does not shrink with more GPUs."""
     scaling_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Speedup per doubling of trainer units is 2 * this (data-parallel efficiency)."""
+    collect_s_per_micro_step: Seconds = 0.0
+    """Trainer-side cost of taking and assembling a batch once its samples are queued (fetch,
+    deserialize, pad); inside timing_s/gen, independent of the trainer's GPUs."""
 
 
 class SimulatorConfig(_Section):
@@ -195,6 +204,11 @@ class SimulatorConfig(_Section):
     seconds, i.e. 0.1 / run.time_scale, as the live system (the original verl checks every 10 s)."""
     workload: SimWorkloadConfig | None = None
     trainer: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
+    physics: PhysicsConfig | None = None
+    """Decode and training costs from the accelerator's peaks (replaces rollout.sim's decode step and
+    batch slowdown and simulator.trainer.seconds_per_ktoken / scaling_efficiency; sim/physics.py)."""
+    published: list[PublishedRow] = Field(default_factory=list)
+    """Published or measured runs of this workload: the calibration rows and the validation table."""
 
 
 def _check(condition: bool, key: str, value: Any, expected: str) -> None:

@@ -11,12 +11,17 @@ state (``core.routing``). The model is deliberately small:
   linearly from start to end of the run, as RL responses grow; or, without a
   ``simulator.workload`` section, the sim engine's normal(mean, std) growing by
   ``drift_per_version`` per weight version (sample k counts as version
-  k // step_required) and a fixed prompt length.
+  k // step_required) and a fixed prompt length. Optionally a share of responses
+  runs to the max length (``max_length_share``).
 - Decode: all decoding requests of a replica advance in lock-step, one token
-  per step, and a step takes ``decode_step_s * (1 + b / batch_half_requests)``
-  for ``b`` decoding requests. The replica keeps a *virtual token clock* ``V``
-  (tokens every running request has received since time 0), so each request is
-  one heap entry ``finish_v`` and only the earliest finisher is scheduled.
+  per step, and a step takes ``ReplicaTiming.step_time_s(b, C)`` for ``b``
+  decoding requests holding ``C`` context tokens (``sim.physics``: weights
+  roofline, batch compute, KV reads growing with context). The replica keeps a
+  *virtual token clock* ``V`` (tokens every running request has received since
+  time 0), so each request is one heap entry ``finish_v`` and only the earliest
+  finisher is scheduled.
+- KV cache: a request is admitted while the contexts fit the replica's
+  capacity; when decoding fills it, the newest request is preempted (recompute).
 - Prefill: a single FIFO server per replica at ``prefill_tokens_per_s``; a
   resumed partial rollout re-prefills prompt + generated tokens (KV recomputed).
 - At most ``max_running_requests`` requests prefill or decode; the rest wait.
@@ -37,6 +42,9 @@ from sim.engine import Engine
 from sim.scenario import ReplicaTiming, WorkloadShape
 
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+KV_ADMIT_WATERMARK = 0.95
+"""A request is admitted while the KV cache would stay below this share (room to grow, as vLLM's
+watermark leaves some)."""
 
 
 class Workload:
@@ -54,10 +62,13 @@ class Workload:
             response = np.trunc(mean[:, None] + cfg.response_tokens_sigma * z_resp)
             low = cfg.response_tokens_min
         else:
-            progress = np.arange(num_samples) / max(1, num_samples - 1)
+            horizon = cfg.drift_horizon_samples or num_samples
+            progress = np.minimum(1.0, np.arange(num_samples) / max(1, horizon - 1))
             median = cfg.response_tokens_median_start + progress * (
                 cfg.response_tokens_median_end - cfg.response_tokens_median_start)
             response = np.rint(np.exp(np.log(median)[:, None] + cfg.response_tokens_sigma * z_resp))
+            if cfg.max_length_share > 0:  # drawn last, so the other draws do not depend on it
+                response[rng.random((num_samples, n)) < cfg.max_length_share] = cfg.response_tokens_max
             low = 1
         self.response: list[list[int]] = np.clip(response, low, cfg.response_tokens_max).astype(int).tolist()
 
@@ -89,7 +100,7 @@ class Request:
     """One trajectory of a sample; generated over one or more attempts (partial rollout)."""
 
     __slots__ = ("request_id", "sample", "prompt_tokens", "target_tokens", "generated", "state",
-                 "attempt", "join_v", "replica", "attempts_total")
+                 "attempt", "join_v", "join_ctx", "replica", "attempts_total")
 
     def __init__(self, request_id: str, sample: Sample, prompt_tokens: int, target_tokens: int) -> None:
         self.request_id = request_id
@@ -100,12 +111,19 @@ class Request:
         self.state = WAITING
         self.attempt = 0
         self.join_v = 0.0
+        self.join_ctx = 0.0
+        """Context (prompt + generated) when the attempt started decoding or prefilling."""
         self.replica: Replica | None = None
         self.attempts_total = 0
 
 
 class Replica:
-    """One inference engine (standalone or hybrid) under the lock-step decode model."""
+    """One inference engine (standalone or hybrid) under the lock-step decode model.
+
+    The decoding requests' contexts sum to ``C = K + b * V`` (``K`` = sum of join context - join
+    V), so the step time grows linearly in ``V`` between events and the time to advance ``dV`` is
+    ``s0 dV + g dV^2 / 2`` with ``g = context_token_s * b``: integrated exactly, not frozen.
+    """
 
     def __init__(self, engine: Engine, cfg: ReplicaTiming, *, replica_id: str, hybrid: bool,
                  on_finish: Callable[[Replica, Request], None],
@@ -123,16 +141,20 @@ class Replica:
         self.inflight: dict[str, Request] = {}
         self._waiting: deque[Request] = deque()
         self._heap: list[tuple[float, int, int, Request]] = []
+        self._decoding_order: dict[str, Request] = {}
         self._seq = 0
         self._slots = 0
         self._decoding = 0
         self._v = 0.0
+        self._k = 0.0
+        self._prefilling_ctx = 0.0
         self._t_last = 0.0
         self._epoch = 0
         self._prefill_free_s = 0.0
         self._busy = False
         self.tokens_decoded = 0.0
         self.tokens_prefilled = 0.0
+        self.preemptions = 0
 
     # -- request lifecycle ---------------------------------------------------
 
@@ -141,11 +163,21 @@ class Replica:
         req.replica = self
         req.state = WAITING
         self.inflight[req.request_id] = req
-        if self.paused or self._slots >= self.cfg.max_running_requests:
-            self._waiting.append(req)
-        else:
-            self._admit(req)
+        self._waiting.append(req)
+        self._fill_slots()
         self._update_busy()
+
+    def _context_tokens(self) -> float:
+        return self._k + self._decoding * self._v
+
+    def _fits(self, req: Request) -> bool:
+        if self._slots >= self.cfg.max_running_requests:
+            return False
+        if self._slots == 0 or self.cfg.kv_capacity_tokens == math.inf:
+            return True
+        self._advance()
+        used = self._context_tokens() + self._prefilling_ctx
+        return used + req.prompt_tokens + req.generated <= KV_ADMIT_WATERMARK * self.cfg.kv_capacity_tokens
 
     def _admit(self, req: Request) -> None:
         self._slots += 1
@@ -153,6 +185,8 @@ class Replica:
         req.attempts_total += 1
         req.sample.note_version(self.version)
         tokens = req.prompt_tokens + req.generated
+        req.join_ctx = tokens
+        self._prefilling_ctx += tokens
         self.tokens_prefilled += tokens
         prefill_s = tokens / (self.cfg.prefill_tokens_per_s * self.speed)
         done_s = max(self.engine.now_s, self._prefill_free_s) + prefill_s
@@ -163,29 +197,46 @@ class Replica:
         if attempt != req.attempt or req.replica is not self:
             return
         self._advance()
+        self._prefilling_ctx -= req.join_ctx
         req.state = DECODE
         req.join_v = self._v
+        self._k += req.join_ctx - self._v
+        self._decoding_order[req.request_id] = req
         self._seq += 1
         heapq.heappush(self._heap, (self._v + req.target_tokens - req.generated, self._seq, req.attempt, req))
         self._decoding += 1
         self._reschedule()
 
+    def _step_s(self) -> float:
+        return self.cfg.step_time_s(self._decoding, self.speed, self._context_tokens())
+
     def _advance(self) -> None:
         now = self.engine.now_s
-        if self._decoding:
-            dv = (now - self._t_last) / self.cfg.step_time_s(self._decoding, self.speed)
+        if self._decoding and now > self._t_last:
+            dt = now - self._t_last
+            s0 = self._step_s()
+            g = self.cfg.context_token_s * self._decoding / self.speed
+            dv = dt / s0 if g == 0.0 else 2.0 * dt / (s0 + math.sqrt(s0 * s0 + 2.0 * g * dt))
             self._v += dv
             self.tokens_decoded += dv * self._decoding
         self._t_last = now
+
+    def _time_to(self, dv: float) -> float:
+        g = self.cfg.context_token_s * self._decoding / self.speed
+        return dv * self._step_s() + 0.5 * g * dv * dv
 
     def _reschedule(self) -> None:
         self._epoch += 1
         heap = self._heap
         while heap and (heap[0][3].attempt != heap[0][2] or heap[0][3].replica is not self):
             heapq.heappop(heap)
-        if heap:
-            dt = max(0.0, heap[0][0] - self._v) * self.cfg.step_time_s(self._decoding, self.speed)
-            self.engine.after(dt, self._on_decode, self._epoch)
+        if not heap:
+            return
+        dv = max(0.0, heap[0][0] - self._v)
+        if self.cfg.kv_capacity_tokens != math.inf and self._decoding > 1:
+            room = self.cfg.kv_capacity_tokens - self._prefilling_ctx - self._context_tokens()
+            dv = min(dv, max(0.0, room / self._decoding))
+        self.engine.after(self._time_to(dv), self._on_decode, self._epoch)
 
     def _on_decode(self, epoch: int) -> None:
         if epoch != self._epoch:
@@ -199,20 +250,42 @@ class Replica:
                 continue
             finished.append(req)
         for req in finished:
-            self._decoding -= 1
-            self._slots -= 1
+            self._leave_decode(req)
             req.generated = float(req.target_tokens)
             req.state = DONE
             req.replica = None
             del self.inflight[req.request_id]
+        if not finished and self._decoding > 1 and self._kv_full():
+            self._preempt_newest()
         self._fill_slots()
         self._reschedule()
         self._update_busy()
         for req in finished:
             self.on_finish(self, req)
 
+    def _kv_full(self) -> bool:
+        used = self._context_tokens() + self._prefilling_ctx
+        return used >= self.cfg.kv_capacity_tokens * (1.0 - 1e-9) - 1e-3
+
+    def _leave_decode(self, req: Request) -> None:
+        self._decoding -= 1
+        self._slots -= 1
+        self._k -= req.join_ctx - req.join_v
+        del self._decoding_order[req.request_id]
+
+    def _preempt_newest(self) -> None:
+        """KV cache full: the newest decoding request gives its blocks back and waits to re-prefill
+        (vLLM's recompute preemption); its tokens so far are kept."""
+        req = self._decoding_order[next(reversed(self._decoding_order))]
+        self._leave_decode(req)
+        req.generated = min(float(req.target_tokens), req.generated + self._v - req.join_v)
+        req.attempt += 1
+        req.state = WAITING
+        self._waiting.appendleft(req)
+        self.preemptions += 1
+
     def _fill_slots(self) -> None:
-        while self._waiting and not self.paused and self._slots < self.cfg.max_running_requests:
+        while self._waiting and not self.paused and self._fits(self._waiting[0]):
             self._admit(self._waiting.popleft())
 
     def _update_busy(self) -> None:
@@ -236,8 +309,11 @@ class Replica:
         self.inflight.clear()
         self._waiting.clear()
         self._heap.clear()
+        self._decoding_order.clear()
         self._slots = 0
         self._decoding = 0
+        self._k = 0.0
+        self._prefilling_ctx = 0.0
         self._prefill_free_s = self.engine.now_s
         self._epoch += 1
         self._update_busy()

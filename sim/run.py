@@ -237,6 +237,8 @@ class Simulation:
                 while not r.mq:
                     yield r.changed
                 batch.append(r.pop())
+            if self.scenario.trainer.collect_s:  # model hook: fetch + assemble the batch (sim.physics)
+                yield self.scenario.trainer.collect_s
             return batch
         elif isinstance(op, tc.Train):
             compute_s = self._train_time_s(op.batch)

@@ -23,12 +23,14 @@ How the run sections map onto the simulator (docs/simulator.md has the table):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shared.config import ROLLOUTER_MONITOR_INTERVAL_S, Config, ConfigError, load_config, replace_config
+from sim.physics import decode_timing, trainer_s_per_ktoken
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,27 +94,46 @@ class WorkloadShape:
     response_tokens_min: int = 1
     drift_per_version: float = 0.0
     samples_per_version: int = 1
+    max_length_share: float = 0.0
+    """Share of responses that run to response_tokens_max (log-normal workload only)."""
+    drift_horizon_samples: int | None = None
+    """Samples over which the median drifts; None: the run's prompts."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaTiming:
-    """One inference replica: decode step time grows linearly with the running batch."""
+    """One inference replica: ``step(b, C) = decode_step_s + max(weights_s, b * decode_step_s /
+    batch_half_requests) + C * context_token_s`` for ``b`` running requests holding ``C`` context tokens
+    (without ``simulator.physics``: the sim engine's linear model, no weight or context term)."""
 
     decode_step_s: float
-    """Decode step time at batch size -> 0 (``rollout.sim.decode_s_per_step``)."""
+    """Batch-independent part of a step (``rollout.sim.decode_s_per_step``, or the physics overhead)."""
     batch_half_requests: float
-    """Running batch at which the step time has doubled (1 / ``rollout.sim.batch_slowdown``)."""
+    """Running batch at which the batch term equals decode_step_s (1 / ``rollout.sim.batch_slowdown``)."""
     max_running_requests: int
     prefill_tokens_per_s: float
     hybrid_speed_factor: float = 1.0
     retry_delay_s: float = 1.0
     """Client back-off after an aborted attempt (``rollout.retry_delay_s``)."""
+    weights_s: float = 0.0
+    """Weight read per step (a floor under the batch term: the matmuls' roofline)."""
+    context_token_s: float = 0.0
+    """Per context token held by a running request (KV-cache read)."""
+    kv_capacity_tokens: float = math.inf
+    """Context tokens the replica's KV cache holds; beyond it the newest request is preempted."""
 
-    def step_time_s(self, running: int, speed_factor: float = 1.0) -> float:
-        return self.decode_step_s * (1.0 + running / self.batch_half_requests) / speed_factor
+    def base_step_s(self, running: int) -> float:
+        """The step time without the context term."""
+        if self.weights_s == 0.0:
+            return self.decode_step_s * (1.0 + running / self.batch_half_requests)
+        batch_s = self.decode_step_s * running / self.batch_half_requests
+        return self.decode_step_s + max(self.weights_s, batch_s)
+
+    def step_time_s(self, running: int, speed_factor: float = 1.0, context_tokens: float = 0.0) -> float:
+        return (self.base_step_s(running) + self.context_token_s * context_tokens) / speed_factor
 
     def peak_tokens_per_s(self) -> float:
-        """Decode throughput at the engine cap (an upper bound: it grows with the batch)."""
+        """Decode throughput at the engine cap, context free (an upper bound: it grows with the batch)."""
         return self.max_running_requests / self.step_time_s(self.max_running_requests)
 
 
@@ -124,6 +145,8 @@ class TrainerTiming:
     fixed_s_per_micro_step: float
     """Includes ``trainer.time_per_sample_s`` x samples per micro-step / ``trainer.num_gpus``."""
     scaling_efficiency: float
+    collect_s: float = 0.0
+    """Taking and assembling a batch once its samples are queued (inside timing_s/gen)."""
 
     def speedup(self, units: int) -> float:
         return units * self.scaling_efficiency ** math.log2(units) if units > 1 else 1.0
@@ -228,20 +251,36 @@ def _workload(config: Config, samples_per_version: int) -> WorkloadShape:
 
 def _replica(config: Config) -> ReplicaTiming:
     engine = config.rollout.sim
-    return ReplicaTiming(
+    base = ReplicaTiming(
         decode_step_s=engine.decode_s_per_step,
         batch_half_requests=1.0 / engine.batch_slowdown if engine.batch_slowdown > 0 else math.inf,
         max_running_requests=config.rollout.max_num_seqs,
         prefill_tokens_per_s=1.0 / engine.prefill_s_per_token if engine.prefill_s_per_token > 0 else math.inf,
         hybrid_speed_factor=config.simulator.hybrid_speed_factor, retry_delay_s=config.rollout.retry_delay_s)
+    phys = config.simulator.physics
+    if phys is None:
+        return base
+    d = decode_timing(phys, config.rollout.tensor_model_parallel_size)
+    return dataclasses.replace(base, decode_step_s=d.overhead_s,
+                               batch_half_requests=d.overhead_s / d.per_request_s,
+                               prefill_tokens_per_s=d.prefill_tokens_per_s, weights_s=d.weights_s,
+                               context_token_s=d.per_context_token_s, kv_capacity_tokens=d.kv_capacity_tokens)
 
 
 def _trainer(config: Config, samples_per_micro_step: int) -> TrainerTiming:
     token_model = config.simulator.trainer
     per_sample_s = samples_per_micro_step * config.trainer.time_per_sample_s / config.trainer.num_gpus
+    phys = config.simulator.physics
+    if phys is not None:  # the scaling part from the MFU, all of the rest in the fitted non-scaling part
+        unit_gpus = config.simulator.trainer_unit_gpus
+        return TrainerTiming(seconds_per_ktoken=trainer_s_per_ktoken(phys, unit_gpus),
+                             fixed_s_per_micro_step=phys.train_non_scaling_s + per_sample_s,
+                             scaling_efficiency=1.0,
+                             collect_s=token_model.collect_s_per_micro_step)
     return TrainerTiming(seconds_per_ktoken=token_model.seconds_per_ktoken,
                          fixed_s_per_micro_step=token_model.fixed_s_per_micro_step + per_sample_s,
-                         scaling_efficiency=token_model.scaling_efficiency)
+                         scaling_efficiency=token_model.scaling_efficiency,
+                         collect_s=token_model.collect_s_per_micro_step)
 
 
 def _costs(config: Config) -> SwitchCosts:

@@ -1,0 +1,107 @@
+"""How far each prior the seed's data cannot pin moves the dynamic prediction (docs/simulator.md table).
+
+Where it sits: the seed scenario is fitted (``sim.calibrate``) on its two static runs only; the
+dynamic 16-16 run (5.4 h measured) is a prediction. For each variant below this changes one prior,
+refits on the static runs where the prior touches them (a refusal by the physics check is a result:
+the data and the prior cannot both hold), then simulates the dynamic run. Reported per variant: the
+fitted decode efficiency and training MFU, the predicted dynamic hours, its change from the shipped
+scenario, the ideal bound.
+
+Run: ``python -m bench.seed_sensitivity [--workers 2] [--only LABEL] [--out runs/seed_sensitivity.json]``
+(each refit is ~10-20 full simulations: minutes per variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench import write_result
+from sim.calibrate import CalibrationError, calibrate, row_scenario
+from sim.physics import PhysicsError
+from sim.run import simulate
+from sim.scenario import Scenario, load_scenario
+
+SEED = Path(__file__).resolve().parent.parent / "scenarios" / "seed_qwen35_35b_a3b_32xh20.yaml"
+W = "simulator.workload."
+P = "simulator.physics."
+VARIANTS: tuple[tuple[str, dict[str, Any], bool], ...] = (
+    ("as shipped", {}, False),
+    ("rebalance off", {"async_training.dynamic_schedule_enable_rebalance": False}, False),
+    ("initial ratio 0.3", {"async_training.dynamic_schedule_deactivate_ratio": 0.3}, False),
+    ("hybrid switch costs halved", {"rollout.sim.wake_s": 1.0, "rollout.sim.sleep_s": 1.5}, False),
+    ("hybrid switch costs zero (wake, sleep)", {"rollout.sim.wake_s": 0.0, "rollout.sim.sleep_s": 0.0},
+     False),
+    ("hybrid decode at 0.7x (gmu 0.45 KV)", {"simulator.hybrid_speed_factor": 0.7}, False),
+    ("responses 0.6x shorter", {W + "response_tokens_median_start": 300.0,
+                                W + "response_tokens_median_end": 480.0}, True),
+    ("trainer non-scaling 0 s", {P + "train_non_scaling_s": 0.0}, True),
+    ("no MTP (1 token/step)", {P + "decode_tokens_per_step": 1.0}, True),
+)
+MORE_VARIANTS: tuple[tuple[str, dict[str, Any], bool], ...] = (
+    ("responses 1.25x longer", {W + "response_tokens_median_start": 625.0,
+                                W + "response_tokens_median_end": 1000.0}, True),
+    ("response sigma 0.7 (shorter tail)", {W + "response_tokens_sigma": 0.7}, True),
+    ("max-length share 0.5%", {W + "max_length_share": 0.005}, True),
+    ("trainer non-scaling 8 s", {P + "train_non_scaling_s": 8.0}, True),
+    ("decode overhead 2 ms", {P + "decode_overhead_s": 0.002}, True),
+)
+"""Refits not run by default (each costs minutes on a shared 2-core machine): ``--more``."""
+
+
+def dynamic_row(scenario: Scenario) -> Scenario:
+    row = next(r for r in scenario.config.simulator.published if not r.fit)
+    return row_scenario(scenario, row, max(row.hours))
+
+
+def run_variant(variant: tuple[str, dict[str, Any], bool]) -> dict[str, Any]:
+    label, changes, refit = variant
+    scenario = load_scenario(SEED).with_changes(changes) if changes else load_scenario(SEED)
+    out: dict[str, Any] = {"variant": label, "refit": refit}
+    if refit:
+        try:
+            scenario, _, _ = calibrate(scenario, steps=1872, log=False)
+        except (CalibrationError, PhysicsError) as exc:
+            return {**out, "refused": str(exc)}
+    phys = scenario.config.simulator.physics
+    assert phys is not None
+    res = simulate(dynamic_row(scenario))
+    return {**out, "decode_efficiency": phys.decode_efficiency, "train_mfu": phys.train_mfu,
+            "dynamic_h": res.wall_s / 3600.0, "bound_h": res.ideal_bound_s / 3600.0,
+            "activations": res.activations}
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    base = next((r["dynamic_h"] for r in rows if r["variant"] == "as shipped" and "dynamic_h" in r), None)
+    lines = ["| variant (default policy, 16 + 16) | refit | decode eff. | train MFU | predicted | vs shipped "
+             "| ideal bound |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "refused" in r:
+            lines.append(f"| {r['variant']} | yes | refused: {r['refused']} | | | | |")
+            continue
+        delta = f"{(r['dynamic_h'] / base - 1):+.1%}" if base else ""
+        lines.append(f"| {r['variant']} | {'yes' if r['refit'] else 'no'} | {r['decode_efficiency']:.3f} | "
+                     f"{r['train_mfu']:.3f} | {r['dynamic_h']:.3f} h | {delta} | {r['bound_h']:.2f} h |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", action="append", default=[], help="variant labels to run (repeatable)")
+    parser.add_argument("--more", action="store_true", help="also the refits in MORE_VARIANTS")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    pool_of = VARIANTS + (MORE_VARIANTS if args.more else ())
+    variants = [v for v in pool_of if not args.only or v[0] in args.only or v[0] == "as shipped"]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        rows = list(pool.map(run_variant, variants))
+    print(format_table(rows))
+    write_result(args.out, {"rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Sim-to-live agreement: one config through `dynsched run` (sim engines, time-scaled) and the planner.
+
+Where it sits: the services and the simulator drive the same core objects (core.trainer_cycle,
+core.executor, core.sample_lifecycle) and the same timing model (the sim engine's decode step, the
+sim trainer's time per sample), so the two must tell the same story. For each config this runs it
+end to end with `services.launcher.run_job` and through `sim.run.simulate`, and compares
+
+- wall time of the versions after the first (first to last cycle), in modelled seconds (live wall
+  seconds / run.time_scale): process start-up and the first version's warm-up are left out;
+- hybrid activations over the run;
+- mean `dynamic_resource/mq_size` over the cycles.
+
+Targets (issue 10): wall within 10%, activations within 20% (or within 1 when both are small),
+mean mq_size within 20% (or within 2 samples when both are small).
+
+Run: ``python -m bench.sim_to_live [--config FILE ...] [--out runs/sim_to_live.json]``
+(the seed-shaped configs/sim_* take a few wall minutes each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import write_result
+from services.launcher import run_job
+from shared.config import load_config
+from sim.run import simulate
+from sim.scenario import Scenario
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yaml",
+                   "configs/sim_16_16_dynamic.yaml")
+WALL_TOLERANCE, ACTIVATION_TOLERANCE, MQ_TOLERANCE = 0.10, 0.20, 0.20
+
+
+def _story(times_s: list[float], mq: list[float], activations: int) -> dict[str, float]:
+    return {"wall_after_first_version_s": times_s[-1] - times_s[0], "activations": float(activations),
+            "mean_mq_size": sum(mq) / len(mq), "versions": float(len(times_s))}
+
+
+def planned(config_path: Path) -> dict[str, float]:
+    res = simulate(Scenario.from_config(load_config(config_path), source=str(config_path)))
+    return _story([c["time_s"] for c in res.cycles], [c["dynamic_resource/mq_size"] for c in res.cycles],
+                  res.activations)
+
+
+def live(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, float]:
+    config = load_config(config_path)
+    summary = run_job(config_path, out_dir, fresh=True, progress=False, timeout_s=timeout_s)
+    text = (out_dir / "metrics.jsonl").read_text()
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    times = [line["t"] / config.run.time_scale for line in lines]
+    return _story(times, [line["dynamic_resource/mq_size"] for line in lines],
+                  int(summary["switches"]["activations"] or 0))
+
+
+def agreement(sim: dict[str, float], run: dict[str, float]) -> dict[str, bool]:
+    def close(key: str, rel: float, slack: float) -> bool:
+        return abs(sim[key] - run[key]) <= max(rel * max(abs(run[key]), abs(sim[key])), slack)
+
+    return {"wall": close("wall_after_first_version_s", WALL_TOLERANCE, 0.0),
+            "activations": close("activations", ACTIVATION_TOLERANCE, 1.0),
+            "mean_mq_size": close("mean_mq_size", MQ_TOLERANCE, 2.0)}
+
+
+def compare(config_path: Path, *, timeout_s: float = 900.0) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="sim_to_live_") as tmp:
+        run = live(config_path, Path(tmp), timeout_s=timeout_s)
+    sim = planned(config_path)
+    return {"config": str(config_path), "live": run, "planner": sim, "agree": agreement(sim, run)}
+
+
+def format_row(row: dict[str, Any]) -> str:
+    run, sim = row["live"], row["planner"]
+    parts = [f"{Path(row['config']).name:<26}"]
+    for key, label in (("wall_after_first_version_s", "wall s"), ("activations", "activ."),
+                       ("mean_mq_size", "mean mq")):
+        err = sim[key] / run[key] - 1.0 if run[key] else 0.0
+        parts.append(f"{label} live {run[key]:8.1f} sim {sim[key]:8.1f} ({err:+.1%})")
+    parts.append("agree" if all(row["agree"].values()) else f"DISAGREE {row['agree']}")
+    return " | ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", action="append", default=[],
+                        help="configs (default: the seed-shaped sim_*)")
+    parser.add_argument("--timeout-s", type=float, default=900.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rows = [compare(PROJECT_ROOT / c if not Path(c).is_absolute() else Path(c), timeout_s=args.timeout_s)
+            for c in (args.config or DEFAULT_CONFIGS)]
+    for row in rows:
+        print(format_row(row))
+    write_result(args.out, {"rows": rows})
+    return 0 if all(all(r["agree"].values()) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""The trainer side of the per-step observables in closed form (the consumption-bound limit).
+
+Where it sits: ``sim.calibrate`` takes the Jacobian of trainer-side parameters (MFU, non-scaling
+part, batch collection, response growth) from this instead of from extra full simulations, which
+for a 400-step, 800,000-trajectory run cost a minute each. The residuals themselves always come
+from full simulations: a wrong slope costs an iteration (the step is rejected), never accuracy.
+
+Per trainer step ``k`` with ``tokens_k`` trained tokens (the workload's samples in feed order):
+``update_k = fixed + tokens_k * cost / speedup``, ``gen_k = collect``, ``step_k = gen_k + update_k``,
+hours after N steps = the sum of the first N step times. Production waits, syncs and the queue
+do not appear: they are what the simulation adds, and they cancel in a finite difference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.model import Workload
+from sim.observe import Observed
+from sim.scenario import Scenario
+
+SURROGATE_PARAMETERS = frozenset({"train_mfu", "train_non_scaling_s", "collect_s", "response_median_end"})
+
+
+def step_tokens(scenario: Scenario) -> np.ndarray:
+    """Trained tokens of every trainer step, in feed order."""
+    cfg = scenario.async_training
+    required = cfg.ppo_mini_batch_size * cfg.require_batches
+    work = Workload(scenario.workload, num_samples=cfg.total_rollout_steps, n=cfg.n, seed=scenario.seed)
+    per_sample = np.array(work.prompt, dtype=float) * cfg.n + np.array(work.response, dtype=float).sum(axis=1)
+    steps = len(per_sample) // required
+    return per_sample[: steps * required].reshape(steps, required).sum(axis=1)
+
+
+def observe(scenario: Scenario, *, label: str, mq_size: float | None) -> Observed:
+    """What a consumption-bound run of ``scenario`` (already at the row's split and length) reports."""
+    tokens = step_tokens(scenario)
+    cluster, tr = scenario.cluster, scenario.trainer
+    units = cluster.train_gpus // cluster.trainer_unit_gpus
+    update = tr.fixed_s_per_micro_step + tokens / 1000.0 * tr.seconds_per_ktoken / tr.speedup(units)
+    step = tr.collect_s + update
+    trigger = scenario.async_training.trigger_parameter_sync_step
+    hours_at = np.cumsum(step) / 3600.0
+    hours = {n: float(hours_at[n - 1]) for n in range(trigger, len(step) + 1, trigger)}
+    return Observed(label=label, train_gpus=cluster.train_gpus, rollout_gpus=cluster.rollout_gpus,
+                    step_s=float(step.mean()), gen_s=tr.collect_s, update_s=float(update.mean()),
+                    tokens_per_step=float(tokens.mean()), mq_size=mq_size, hours=hours)

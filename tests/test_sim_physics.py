@@ -1,0 +1,112 @@
+"""The physics timing model: context-aware decode, KV-cache capacity, max-length share, bounds, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.sim_config import ModelShapeConfig, PhysicsConfig
+from sim.engine import Engine
+from sim.model import Replica, Request, Sample, Workload
+from sim.physics import MAX_TRAIN_MFU, PhysicsError, check, decode_timing, physics_report, problems
+from sim.scenario import ReplicaTiming, WorkloadShape, load_scenario
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+QWEN7B = ModelShapeConfig(total_params_b=7.62, active_params_b=7.62, kv_layers=28, kv_heads=4, head_dim=128)
+
+
+def phys(**overrides: object) -> PhysicsConfig:
+    return PhysicsConfig.model_validate({"accelerator": "H20", "model": QWEN7B, **overrides})
+
+
+def run_replica(cfg: ReplicaTiming, requests: list[Request]) -> tuple[list[tuple[float, str]], Replica]:
+    engine = Engine()
+    finished: list[tuple[float, str]] = []
+    replica = Replica(engine, cfg, replica_id="r0", hybrid=False,
+                      on_finish=lambda rep, req: finished.append((engine.now_s, req.request_id)),
+                      on_busy=lambda rep, busy: None)
+    for req in requests:
+        replica.submit(req)
+    engine.run()
+    return finished, replica
+
+
+def timing(**overrides: float) -> ReplicaTiming:
+    base = {"decode_step_s": 0.01, "batch_half_requests": 1e12, "max_running_requests": 128,
+            "prefill_tokens_per_s": 1e12}
+    return ReplicaTiming(**{**base, **overrides})  # type: ignore[arg-type]
+
+
+def test_a_lone_request_pays_for_its_growing_context_exactly() -> None:
+    # step = 0.01 + 1e-6 * context; context grows from 1000 to 1100 over 100 tokens
+    finished, _ = run_replica(timing(context_token_s=1e-6),
+                              [Request("a", Sample(0, 1, 0.0), prompt_tokens=1000, target_tokens=100)])
+    expected = 100 * 0.01 + 1e-6 * (1000 * 100 + 100 * 100 / 2)
+    assert finished == [(pytest.approx(expected, rel=1e-9), "a")]
+
+
+def test_a_long_context_neighbour_slows_a_short_request_down() -> None:
+    alone, _ = run_replica(timing(context_token_s=1e-6),
+                           [Request("a", Sample(0, 1, 0.0), prompt_tokens=10, target_tokens=100)])
+    shared, _ = run_replica(timing(context_token_s=1e-6),
+                            [Request("a", Sample(0, 1, 0.0), prompt_tokens=10, target_tokens=100),
+                             Request("b", Sample(1, 1, 0.0), prompt_tokens=20000, target_tokens=1000)])
+    assert dict((rid, t) for t, rid in shared)["a"] > alone[0][0] * 2
+
+
+def test_a_full_kv_cache_preempts_the_newest_request_which_still_finishes_every_token() -> None:
+    reqs = [Request(f"r{i}", Sample(i, 1, 0.0), prompt_tokens=100, target_tokens=400) for i in range(3)]
+    finished, replica = run_replica(timing(kv_capacity_tokens=1000.0), reqs)
+    assert sorted(rid for _, rid in finished) == ["r0", "r1", "r2"]
+    assert replica.preemptions >= 1
+    assert all(req.generated == 400 for req in reqs)
+    assert replica.tokens_decoded == pytest.approx(1200, abs=1e-6)
+
+
+def test_the_max_length_share_sends_that_share_of_responses_to_the_max() -> None:
+    shape = WorkloadShape(kind="lognormal", prompt_tokens_median=100, prompt_tokens_sigma=0.0,
+                          prompt_tokens_max=100,
+                          response_tokens_median_start=500, response_tokens_median_end=500,
+                          response_tokens_sigma=0.3, response_tokens_max=20000, max_length_share=0.05)
+    lengths = [x for row in Workload(shape, num_samples=4000, n=4, seed=0).response for x in row]
+    assert sum(x == 20000 for x in lengths) / len(lengths) == pytest.approx(0.05, abs=0.01)
+
+
+def test_the_decode_coefficients_are_the_h20_peaks_split_over_tensor_parallel_ranks() -> None:
+    d = decode_timing(phys(decode_efficiency=1.0), tp=4)
+    assert d.weights_s == pytest.approx(7.62e9 * 2 / 4 / 4.0e12)
+    assert d.per_request_s == pytest.approx(2 * 7.62e9 / 4 / 148e12)
+    assert d.per_context_token_s == pytest.approx(2 * 28 * 1 * 128 * 2 / 4.0e12)  # one KV head per rank
+    assert d.kv_capacity_tokens == pytest.approx((0.8 * 96e9 - 7.62e9 * 2 / 4) / (2 * 28 * 128 * 2))
+
+
+def test_a_decode_faster_than_the_roofline_or_an_mfu_above_sixty_percent_is_refused_with_the_reason() -> None:
+    assert problems(phys()) == []
+    with pytest.raises(PhysicsError, match="faster than the H20 roofline"):
+        check(phys(decode_efficiency=1.3))
+    with pytest.raises(PhysicsError, match="train_mfu=0.7"):
+        check(phys(train_mfu=0.7))
+    assert MAX_TRAIN_MFU == 0.6
+
+
+def test_weights_that_do_not_fit_the_memory_share_are_a_clear_error() -> None:
+    with pytest.raises(PhysicsError, match="do not fit"):
+        decode_timing(phys(gpu_memory_utilization=0.02), tp=1)
+
+
+def test_the_physics_report_compares_the_decode_step_with_the_cited_measurement() -> None:
+    lines = physics_report(phys(reference_decode_step_s=0.0133, reference_decode_bw_fraction=0.77,
+                                reference_decode="vLLM 8B A100"),
+                           tp=4, max_running=256, mean_context_tokens=2000)
+    text = "\n".join(lines)
+    assert "batch 1" in text and "tokens/s per GPU" in text and "published (engine class)" in text
+    assert "KV cache per replica" in text and "MFU" in text and "REFUSED" not in text
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_no_shipped_scenario_implies_an_impossible_machine_or_more_than_sixty_percent_mfu(path: Path) -> None:
+    config = load_scenario(path).config
+    if config.simulator.physics is not None:
+        assert problems(config.simulator.physics) == []
+        assert config.simulator.physics.reference_decode, "cite a published decode measurement"
