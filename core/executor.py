@@ -30,12 +30,14 @@ standalone sync, so a push to the standalones reads GPU-resident weights.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from core import controller as cc
 from core.controller import ControllerCore, Mode
+from core.measure import RateMeter
 from shared.schema import (
     AuditKind,
     CommandAction,
@@ -129,8 +131,15 @@ class Audit:
     version: int = -1
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Concurrently:
+    """Perform `ops` at the same time (the trainer's offload with the hybrids' wake). -> their results"""
+
+    ops: tuple[Op, ...]
+
+
 Op = (Checkpoint | ReadProgress | AwaitSamples | SetMembers | SetActiveReplicas | WorkerCall | ReleaseTrainer
-      | SyncReplicas | ClearSticky | ResetRollouter | Audit)  # fmt: skip
+      | SyncReplicas | ClearSticky | ResetRollouter | Audit | Concurrently)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -177,11 +186,19 @@ _WORKER_ACTIONS: dict[type, CommandAction] = {
 class ExecutorCore:
     """The controller's handshake handling around a ControllerCore; yields ops, performs none."""
 
-    def __init__(self, *, core: ControllerCore, clock: Callable[[], float]) -> None:
+    def __init__(self, *, core: ControllerCore, clock: Callable[[], float], overlap_wake: bool = False) -> None:
         self.core = core
         self.clock = clock
+        self.overlap_wake = overlap_wake
+        """The trainer's offload and the hybrids' wake run concurrently (config: where memory allows)."""
         self.serving_hybrids: tuple[str, ...] = core.hybrid_ids if core.mode is Mode.HYBRID_ACTIVE else ()
         """Hybrids the load balancer routes to (from its last membership answer)."""
+        self.meter = RateMeter(num_standalone=len(core.standalone_ids), num_hybrid=len(core.hybrid_ids))
+        """What the policy's measured context fields come from (core.measure)."""
+        self.meter.hybrids_serving = len(self.serving_hybrids)
+        self._collected_at: float | None = None
+        self._ready_at: float | None = None
+        """When the last GPUS_READY that followed a deactivation was sent (None: no deactivation)."""
         self.last_report = ExecutionReport()
         """The report of the last weights_ready handled (its cycle's sync metrics)."""
 
@@ -190,22 +207,51 @@ class ExecutorCore:
     def on_micro_step_start(self, event: TrainerEvent, *, recovering: bool = False) -> Plan[TrainerReply]:
         """Deactivate the hybrids if they hold the trainer's GPUs; the answer is GPUS_READY."""
         core = self.core
+        self._measure_micro_step()
         if recovering and core.mode is Mode.DEACTIVATING:
             commands = core.recovery_commands()
         else:
             commands = core.begin_micro_step(event.global_steps)
         yield Checkpoint()
+        if commands:
+            yield from self._explain(event.version)
         report = yield from self.execute(commands)
+        self._ready_at = None
         if core.mode is Mode.DEACTIVATING:
             core.finish_deactivate(report.switch_s)
             self.serving_hybrids = ()
             yield Audit(kind=AuditKind.SWITCH, detail="deactivated", version=event.version)
+            self._ready_at = self.clock()
         return TrainerReply(action=TrainerAction.GPUS_READY, global_steps=event.global_steps,
                             wait_for_enough_samples_s=report.wait_for_enough_samples_s,
                             deactivate_s=report.switch_s)
 
     def on_collected(self, event: TrainerEvent) -> None:
+        now = self.clock()
         self.core.record_collection(wait_time_s=event.wait_time_s, wait_samples=event.wait_samples)
+        if self._ready_at is not None:  # the trainer's onload after the hybrids slept (its acquire)
+            self.core.record_switch_overhead(max(0.0, now - self._ready_at - event.wait_time_s))
+            self._ready_at = None
+        self._collected_at = now
+
+    def _measure_micro_step(self) -> None:
+        """A trainer handshake arrived: the micro-step collected last is done; refresh the context."""
+        if self._collected_at is not None:
+            self.meter.record_micro_step(self.clock() - self._collected_at)
+            self._collected_at = None
+        m = self.meter
+        self.core.record_measurements(standalone_samples_per_replica_s=m.standalone_samples_per_replica_s,
+                                      hybrid_samples_per_replica_s=m.hybrid_samples_per_replica_s,
+                                      samples_per_replica_s=m.samples_per_replica_s,
+                                      hybrid_window_samples_per_s=m.hybrid_window_samples_per_s,
+                                      trainer_s_per_micro_step=m.trainer_s_per_micro_step)
+
+    def _explain(self, version: int) -> Plan[None]:
+        """Audit the numbers behind the policy's decision, when the policy gives them."""
+        decision = self.core.policy.explain_last_decision()
+        if decision:
+            yield Audit(kind=AuditKind.SWITCH, version=version,
+                        detail="policy " + json.dumps(decision, sort_keys=True, default=str))
 
     def on_weights_ready(self, event: TrainerEvent, *, recovering: bool = False) -> Plan[TrainerReply]:
         """Sync every serving replica to the new version, activating hybrids if the policy says so."""
@@ -214,9 +260,12 @@ class ExecutorCore:
             commands = core.recovery_commands()
         else:
             progress: RolloutProgress = yield ReadProgress()
+            self.meter.read_progress(self.clock(), progress.total_generated, cycle_end=True)
+            self._measure_micro_step()
             commands = core.begin_sync(global_steps=event.global_steps, version=event.version,
                                        total_generated_samples=progress.total_generated,
                                        completed_steps=progress.completed_steps)
+            yield from self._explain(event.version)
         yield Checkpoint()
         activating = core.mode is Mode.ACTIVATING
         report = yield from self.execute(commands, weights_path=event.weights_path,
@@ -236,18 +285,39 @@ class ExecutorCore:
                 release_trainer: bool = False) -> Plan[ExecutionReport]:
         """Run `commands` in order, timing each; the trainer is released before the first wake."""
         report = ExecutionReport()
+        meter, standalones = self.meter, self.core.standalone_ids
         for command in commands:
+            if isinstance(command, cc.RemoveReplicas):  # the hybrids' window closes: measure it
+                progress: RolloutProgress = yield ReadProgress()
+                meter.read_progress(self.clock(), progress.total_generated)
+                meter.set_serving(self.clock(), hybrids=0)
             started = self.clock()
+            standalone_sync = (isinstance(command, cc.SyncWeights) and bool(standalones)
+                               and set(standalones) <= set(command.replica_ids))
+            if standalone_sync:
+                meter.set_serving(started, standalones=0)
             if isinstance(command, cc.WakeReplicas) and release_trainer:
                 release_trainer = False
-                yield ReleaseTrainer()
-                report.trainer_release_s += self.clock() - started
-                started = self.clock()
-            yield from self._apply(command, report, weights_path)
-            elapsed = self.clock() - started
+                if self.overlap_wake:  # offload and wake at once: the whole of it is the switch's
+                    yield Concurrently(ops=(ReleaseTrainer(), WorkerCall(
+                        replica_ids=command.replica_ids, action=CommandAction.WAKE)))
+                else:
+                    yield ReleaseTrainer()
+                    report.trainer_release_s += self.clock() - started
+                    self.core.record_switch_overhead(self.clock() - started)
+                    started = self.clock()
+                    yield from self._apply(command, report, weights_path)
+            else:
+                yield from self._apply(command, report, weights_path)
+            now = self.clock()
+            elapsed = now - started
+            if standalone_sync:
+                meter.set_serving(now, standalones=len(standalones))
+            elif isinstance(command, cc.ResumeReplicas):
+                meter.set_serving(now, hybrids=len(self.serving_hybrids))
             if isinstance(command, cc.WaitForSamples):
                 report.wait_for_enough_samples_s += elapsed
-            elif isinstance(command, cc.SyncWeights) and command.replica_ids == self.core.standalone_ids:
+            elif standalone_sync:  # a folded sync is the one that happens anyway: not the switch's
                 report.standalone_sync_s += elapsed
             elif not isinstance(command, cc.ResetStaleness):
                 report.switch_s += elapsed

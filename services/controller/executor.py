@@ -75,6 +75,8 @@ class Executor:
             state = await self._rollouter_state()
             return ex.RolloutProgress(total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
                                       completed_steps=int(state.get(F.COMPLETED_STEPS, 1)))
+        elif isinstance(op, ex.Concurrently):
+            return tuple(await asyncio.gather(*(self.perform(sub) for sub in op.ops)))
         elif isinstance(op, ex.Audit):
             await self.bus.audit(kind=op.kind, subject="controller", detail=op.detail, version=op.version)
         else:  # Checkpoint is the controller's own (it persists the event in progress)

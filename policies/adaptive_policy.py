@@ -1,0 +1,182 @@
+"""Built-in "adaptive" policy: switch thresholds from what the controller measured, not a drifting ratio.
+
+Where it sits: registered under "adaptive", chosen by config (`dynamic_schedule_policy`), called
+by the controller core in the seed's order with the seed's signatures. Pure: it reads only the
+context, which the controller core fills from measurements a live controller has at that moment
+(core/measure.py): samples enqueued per replica-second by standalones and by hybrids, the
+trainer's seconds per micro-step, the measured switch durations, and the flow-control limits.
+
+The model (a fluid queue over one sync cycle of `trigger` micro-steps of `required` samples):
+
+- Without hybrids the standalones fill the queue at P_s samples/s; a micro-step that finds fewer
+  than `required` queued waits for the rest. `static_idle` = the trainer's predicted wait.
+- With hybrids, the first micro-step waits until X samples are queued, produced at P_s + P_h,
+  then pays the switch (activation + deactivation + the trainer's offload/onload, measured) while
+  the standalones keep producing, then trains the cycle at P_s. `dynamic_idle(X)` = its waits plus
+  the switch.
+- X is capped at the carry-over limit (max_required - step_required): past it the wait is for
+  samples started *in* this version, a latency the extra replicas barely shorten.
+- Activate iff min_X dynamic_idle(X) + MIN_GAIN_S < static_idle, and deactivate at that X.
+
+Before anything is measured it activates when the queue cannot feed one micro-step (the first sync:
+the trainer waits for its first samples anyway) and deactivates at `required` samples. Unmeasured
+hybrids are assumed as fast per replica as the standalones. The rebalance after an activation is
+vetoed: it aborts every serving replica, whose in-flight work is then re-prefilled, for a spread the
+load balancer reaches anyway by sending new samples to the empty hybrids (measured in
+docs/benchmarks.md). Every decision's numbers are kept in `last_decision` and audited.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
+
+PRIOR_SWITCH_COST_S = 10.0
+"""Switch cost assumed before one was measured (the default policy's prior)."""
+SWITCH_COST_EWMA = 0.5
+"""Weight of the newest measured activation / deactivation in their moving averages."""
+MIN_GAIN_S = 1.0
+"""An activation must be predicted to save at least this much trainer time per cycle."""
+
+
+def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float) -> float:
+    """Trainer seconds spent waiting over `micro_steps` micro-steps, starting with `queued` samples and
+    producing `rate` samples/s throughout (fluid model)."""
+    idle = 0.0
+    for _ in range(micro_steps):
+        if queued < required:
+            if rate <= 0:
+                return float("inf")
+            wait = (required - queued) / rate
+            idle += wait
+            queued = required
+        queued += rate * train_s - required
+    return idle
+
+
+@register_policy("adaptive")
+class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
+    """Activate when the measured rates predict the trainer saves more idle time than the switch costs."""
+
+    def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
+        super().__init__(deactivate_ratio, only_hybrid)
+        self.activate_cost_s = 0.0
+        """Moving average of measured activation durations (0: none measured yet)."""
+        self.deactivate_cost_s = 0.0
+        """Moving average of measured deactivation durations plus the trainer's offload/onload."""
+        self.planned_wait_samples = 0
+        """The X chosen when activating; the next deactivation waits for it."""
+        self.last_decision: dict[str, Any] = {}
+
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+        return is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        if self.only_hybrid:
+            wait = ctx.step_required_samples
+        else:
+            wait = self.planned_wait_samples or self._best_wait(ctx)[0]
+        self.planned_wait_samples = 0
+        self.last_decision = {"decision": "deactivate", "wait_for_samples": wait,
+                              "carry_over_limit": ctx.carry_over_limit_samples}
+        return wait
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        surplus = ctx.total_generated_samples - ctx.expected_samples
+        if self.only_hybrid:
+            self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
+            return True
+        standalone_rate, hybrid_rate = self._rates(ctx)
+        if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
+            activate = surplus < ctx.required_samples
+            self.planned_wait_samples = ctx.required_samples if activate else 0
+            self.last_decision = {"decision": "activate" if activate else "stay", "surplus": surplus,
+                                  "why": "nothing measured yet: activate iff the queue cannot feed a micro-step",
+                                  "wait_for_samples": self.planned_wait_samples}
+            return activate
+        static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate, required=ctx.required_samples,
+                                   micro_steps=ctx.trigger_parameter_sync_step,
+                                   train_s=ctx.trainer_s_per_micro_step)
+        wait, dynamic_idle = self._best_wait(ctx)
+        activate = dynamic_idle + MIN_GAIN_S < static_idle
+        self.planned_wait_samples = wait if activate else 0
+        self.last_decision = {
+            "decision": "activate" if activate else "stay", "surplus": surplus,
+            "standalone_samples_per_s": round(standalone_rate, 4), "hybrid_samples_per_s": round(hybrid_rate, 4),
+            "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
+            "switch_cost_s": round(self.switch_cost_s(), 3), "static_idle_s": round(static_idle, 3),
+            "dynamic_idle_s": round(dynamic_idle, 3), "wait_for_samples": wait,
+            "carry_over_limit": ctx.carry_over_limit_samples}
+        return activate
+
+    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
+        return False
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
+        if global_steps <= 0 or self.only_hybrid:
+            return
+        if ctx.last_activate_duration_s > 0:
+            self.activate_cost_s = _ewma(self.activate_cost_s, ctx.last_activate_duration_s)
+        deactivate_s = ctx.last_deactivate_duration_s + ctx.last_switch_overhead_s
+        if deactivate_s > 0:
+            self.deactivate_cost_s = _ewma(self.deactivate_cost_s, deactivate_s)
+
+    # ---- the model (pure helpers) ----
+
+    def switch_cost_s(self) -> float:
+        """Measured activation + deactivation (+ trainer offload/onload); the prior until both were seen."""
+        if self.activate_cost_s > 0 and self.deactivate_cost_s > 0:
+            return self.activate_cost_s + self.deactivate_cost_s
+        return max(PRIOR_SWITCH_COST_S, self.activate_cost_s + self.deactivate_cost_s)
+
+    def _rates(self, ctx: DynamicScheduleContext) -> tuple[float, float]:
+        """(P_s, P_h) in samples/s from the per-replica rate pooled over whole cycles (hybrid work left
+        unfinished at a deactivation completes on a standalone, so a window's rate under-counts it);
+        before a cycle closed, the standalones' window rate."""
+        per_replica = ctx.samples_per_replica_s or ctx.standalone_samples_per_replica_s
+        return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_hybrid_replicas
+
+    @staticmethod
+    def _fill_rate(ctx: DynamicScheduleContext) -> float:
+        """Samples/s the queue gained while hybrids served (the windows' measured rates; 0 if unmeasured):
+        slower than the pooled rate, since a window is short against a sample's latency."""
+        return ctx.hybrid_window_samples_per_s
+
+    def _best_wait(self, ctx: DynamicScheduleContext) -> tuple[int, float]:
+        """(X, dynamic_idle(X)): X in [required, carry-over limit] minimises the idle with the queue
+        filling at the measured window rate (a window is short against a sample's latency, so raising X
+        costs more than the pooled rate says); dynamic_idle is then predicted at the pooled rates."""
+        standalone_rate, hybrid_rate = self._rates(ctx)
+        if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
+            return ctx.required_samples, float("inf")
+        pooled = standalone_rate + hybrid_rate
+        fill_rate = self._fill_rate(ctx) or pooled
+        best = (ctx.required_samples, float("inf"))
+        for wait in range(ctx.required_samples, max(ctx.required_samples, ctx.carry_over_limit_samples) + 1):
+            idle = self._dynamic_idle(ctx, wait=wait, fill_rate=fill_rate, standalone_rate=standalone_rate)
+            if idle < best[1] - 1e-9:
+                best = (wait, idle)
+        wait = best[0]
+        return wait, self._dynamic_idle(ctx, wait=wait, fill_rate=pooled, standalone_rate=standalone_rate)
+
+    def _dynamic_idle(self, ctx: DynamicScheduleContext, *, wait: int, fill_rate: float,
+                      standalone_rate: float) -> float:
+        surplus = max(0, ctx.total_generated_samples - ctx.expected_samples)
+        switch_s = self.switch_cost_s()
+        fill_s = max(0, wait - surplus) / fill_rate
+        queued = max(wait, surplus) + standalone_rate * switch_s
+        return fill_s + switch_s + cycle_idle_s(
+            queued=queued, rate=standalone_rate, required=ctx.required_samples,
+            micro_steps=ctx.trigger_parameter_sync_step, train_s=ctx.trainer_s_per_micro_step)
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["switch_cost_s"] = self.switch_cost_s()
+        return info
+
+
+def _ewma(average: float, value: float) -> float:
+    return value if average <= 0 else average + SWITCH_COST_EWMA * (value - average)
