@@ -146,28 +146,27 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return ctx.hybrid_window_samples_per_s
 
     def _best_wait(self, ctx: DynamicScheduleContext) -> tuple[int, float]:
-        """(X, dynamic_idle(X)): X in [required, carry-over limit] minimises the idle with the queue
-        filling at the measured window rate (a window is short against a sample's latency, so raising X
-        costs more than the pooled rate says); dynamic_idle is then predicted at the pooled rates."""
-        standalone_rate, hybrid_rate = self._rates(ctx)
-        if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
-            return ctx.required_samples, float("inf")
-        pooled = standalone_rate + hybrid_rate
-        fill_rate = self._fill_rate(ctx) or pooled
+        """(X, dynamic_idle(X)) minimising the predicted idle over X in [required, carry-over limit]."""
         best = (ctx.required_samples, float("inf"))
         for wait in range(ctx.required_samples, max(ctx.required_samples, ctx.carry_over_limit_samples) + 1):
-            idle = self._dynamic_idle(ctx, wait=wait, fill_rate=fill_rate, standalone_rate=standalone_rate)
+            idle = self._dynamic_idle(ctx, wait=wait)
             if idle < best[1] - 1e-9:
                 best = (wait, idle)
-        wait = best[0]
-        return wait, self._dynamic_idle(ctx, wait=wait, fill_rate=pooled, standalone_rate=standalone_rate)
+        return best
 
-    def _dynamic_idle(self, ctx: DynamicScheduleContext, *, wait: int, fill_rate: float,
-                      standalone_rate: float) -> float:
+    def _dynamic_idle(self, ctx: DynamicScheduleContext, *, wait: int) -> float:
+        """Trainer idle of a cycle with hybrids lent until `wait` samples are queued: the queue fills at
+        the measured window rate F; what the replicas produce at the pooled rate beyond F in that time is
+        work in flight (a hybrid's is resumed on a standalone) and is credited after the switch."""
+        standalone_rate, hybrid_rate = self._rates(ctx)
+        if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
+            return float("inf")
+        pooled = standalone_rate + hybrid_rate
+        fill_rate = min(pooled, self._fill_rate(ctx) or pooled)
         surplus = max(0, ctx.total_generated_samples - ctx.expected_samples)
         switch_s = self.switch_cost_s()
         fill_s = max(0, wait - surplus) / fill_rate
-        queued = max(wait, surplus) + standalone_rate * switch_s
+        queued = max(wait, surplus) + standalone_rate * switch_s + (pooled - fill_rate) * fill_s
         return fill_s + switch_s + cycle_idle_s(
             queued=queued, rate=standalone_rate, required=ctx.required_samples,
             micro_steps=ctx.trigger_parameter_sync_step, train_s=ctx.trainer_s_per_micro_step)

@@ -138,6 +138,10 @@ class Simulation:
             result = yield from self._perform(op)
 
     def _perform(self, op: ex.Op) -> Proc:
+        """Perform one of the plan's ops on the clock; returns its result."""
+        return (yield from self._perform_one(op))
+
+    def _perform_one(self, op: ex.Op) -> Proc:
         r = self.rollouter
         if isinstance(op, ex.AwaitSamples):
             while len(r.mq) < op.min_queue_size and not r.lifecycle.status().stalled:
@@ -176,7 +180,7 @@ class Simulation:
         left = [len(ops)]
 
         def run_one(i: int, op: ex.Op) -> Proc:
-            results[i] = yield from self._perform(op)
+            results[i] = yield from self._perform_one(op)  # parts of one op, not ops of the plan
             left[0] -= 1
             if not left[0]:
                 done.fire()
