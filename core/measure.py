@@ -58,6 +58,8 @@ class RateMeter:
         self._hybrid_extra = _Decayed()
         self._cycle = _Decayed()
         self._fill = _Decayed()
+        self.last_hybrid_window_samples_per_s = 0.0
+        """The latest hybrid window's own fill rate (0 until one closed)."""
         self._cycle_rs = 0.0
         self._cycle_generated: int | None = None
         self.trainer_s_per_micro_step = 0.0
@@ -86,7 +88,9 @@ class RateMeter:
             if self._hybrid_rs > 0:
                 explained = self.standalone_samples_per_replica_s * self._standalone_rs
                 self._hybrid_extra.add(produced - explained, self._hybrid_rs)
-                self._fill.add(produced, self._hybrid_rs / max(1, self.num_hybrid))
+                window_s = self._hybrid_rs / max(1, self.num_hybrid)
+                self._fill.add(produced, window_s)
+                self.last_hybrid_window_samples_per_s = produced / window_s
             elif self._standalone_rs > 0:
                 self._standalone.add(produced, self._standalone_rs)
         self._last_generated = total_generated

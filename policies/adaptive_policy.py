@@ -38,6 +38,12 @@ SWITCH_COST_EWMA = 0.5
 """Weight of the newest measured activation / deactivation in their moving averages."""
 MIN_GAIN_S = 1.0
 """An activation must be predicted to save at least this much trainer time per cycle."""
+REBALANCE_TRIALS = 2
+"""Activations tried with and without the rebalance before the measured better one is kept."""
+REBALANCE_RETRY_EVERY = 8
+REBALANCE_MEMORY = 10
+"""Windows a choice's mean fill rate remembers."""
+"""After the trials, every this-many activations re-measure the other choice (workloads drift)."""
 
 
 def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float) -> float:
@@ -67,6 +73,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Moving average of measured deactivation durations plus the trainer's offload/onload."""
         self.planned_wait_samples = 0
         """The X chosen when activating; the next deactivation waits for it."""
+        self.rebalance_rates: dict[str, list[float]] = {"rebalance": [0.0, 0.0], "skip": [0.0, 0.0]}
+        """Per choice: [moving average of the hybrid window's measured fill rate, windows measured]."""
+        self.pending_rebalance_choice = ""
+        """The choice made at the last activation, credited when its window's rate is known."""
+        self.rebalance_decisions = 0
         self.last_decision: dict[str, Any] = {}
 
     def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
@@ -85,6 +96,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
+        self._credit_rebalance_choice(ctx)
         surplus = ctx.total_generated_samples - ctx.expected_samples
         if self.only_hybrid:
             self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
@@ -113,7 +125,34 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return activate
 
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
-        return False
+        """Rebalance or not, by measurement: a rebalance aborts every serving replica (their in-flight
+        work is re-prefilled) to spread it onto the empty hybrids; whether that fills the queue faster
+        depends on how much a smaller batch speeds decoding. Each choice is tried REBALANCE_TRIALS
+        times, then the one whose windows filled faster is kept, the other re-tried now and then."""
+        counts = {choice: stats[1] for choice, stats in self.rebalance_rates.items()}
+        means = {choice: stats[0] for choice, stats in self.rebalance_rates.items()}
+        untried = [choice for choice in ("skip", "rebalance") if counts[choice] < REBALANCE_TRIALS]
+        self.rebalance_decisions += 1
+        if untried:
+            choice, why = untried[0], "trying each choice"
+        else:
+            best = max(means, key=lambda c: (means[c], c == "skip"))
+            other = "rebalance" if best == "skip" else "skip"
+            retry = self.rebalance_decisions % REBALANCE_RETRY_EVERY == 0
+            choice, why = (other, "re-measuring the other choice") if retry else (best, "faster fill measured")
+        self.pending_rebalance_choice = choice
+        self.last_decision["rebalance"] = {"choice": choice, "why": why,
+                                           "fill_samples_per_s": {c: round(m, 4) for c, m in means.items()},
+                                           "windows": counts}
+        return None if choice == "rebalance" else False
+
+    def _credit_rebalance_choice(self, ctx: DynamicScheduleContext) -> None:
+        choice, rate = self.pending_rebalance_choice, ctx.last_hybrid_window_samples_per_s
+        if choice and rate > 0:
+            stats = self.rebalance_rates[choice]
+            stats[1] += 1  # the mean of the last ~REBALANCE_MEMORY windows: one noisy window must not flip it
+            stats[0] += (rate - stats[0]) / min(stats[1], REBALANCE_MEMORY)
+        self.pending_rebalance_choice = ""
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
         if global_steps <= 0 or self.only_hybrid:

@@ -92,6 +92,8 @@ class DynamicScheduleContext:
     hybrid_window_samples_per_s: float = 0.0
     """Samples enqueued per second of hybrid serving, all replicas included: how fast the queue filled
     while the trainer waited with its GPUs lent (measured over the hybrid windows, decayed; 0 = none)."""
+    last_hybrid_window_samples_per_s: float = 0.0
+    """The same rate for the latest hybrid window alone (what the last activation achieved)."""
     trainer_s_per_micro_step: float = 0.0
     """Seconds from a micro-step's samples being collected to the trainer's next handshake (training,
     ack, export), decayed average: what one micro-step's `required_samples` cost the trainer."""
