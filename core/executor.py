@@ -148,6 +148,10 @@ class RolloutProgress:
 
     total_generated: int
     completed_steps: int
+    queue_size: int = -1
+    """Samples in the MessageQueue not yet taken by the trainer (-1: not read)."""
+    feed_done: bool = False
+    """Every prompt has been fed: nothing new will be started."""
 
 
 @dataclass
@@ -265,7 +269,8 @@ class ExecutorCore:
             self._measure_micro_step()
             commands = core.begin_sync(global_steps=event.global_steps, version=event.version,
                                        total_generated_samples=progress.total_generated,
-                                       completed_steps=progress.completed_steps)
+                                       completed_steps=progress.completed_steps,
+                                       queue_size=progress.queue_size, feed_done=progress.feed_done)
             yield from self._explain(event.version)
         yield Checkpoint()
         activating = core.mode is Mode.ACTIVATING

@@ -97,15 +97,20 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
         self._credit_rebalance_choice(ctx)
-        surplus = ctx.total_generated_samples - ctx.expected_samples
+        surplus = _queued(ctx)
         if self.only_hybrid:
             self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
             return True
+        if ctx.feed_done:
+            self.planned_wait_samples = 0
+            self.last_decision = {"decision": "stay", "queued": surplus,
+                                  "why": "feed done: no new sample will start, lent GPUs would only idle"}
+            return False
         standalone_rate, hybrid_rate = self._rates(ctx)
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
             activate = surplus < ctx.required_samples
             self.planned_wait_samples = ctx.required_samples if activate else 0
-            self.last_decision = {"decision": "activate" if activate else "stay", "surplus": surplus,
+            self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,
                                   "why": "nothing measured yet: activate iff the queue cannot feed a micro-step",
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
@@ -116,7 +121,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         activate = dynamic_idle + MIN_GAIN_S < static_idle
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
-            "decision": "activate" if activate else "stay", "surplus": surplus,
+            "decision": "activate" if activate else "stay", "queued": surplus,
             "standalone_samples_per_s": round(standalone_rate, 4), "hybrid_samples_per_s": round(hybrid_rate, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
             "switch_cost_s": round(self.switch_cost_s(), 3), "static_idle_s": round(static_idle, 3),
@@ -202,7 +207,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return float("inf")
         pooled = standalone_rate + hybrid_rate
         fill_rate = min(pooled, self._fill_rate(ctx) or pooled)
-        surplus = max(0, ctx.total_generated_samples - ctx.expected_samples)
+        surplus = max(0, _queued(ctx))
         switch_s = self.switch_cost_s()
         fill_s = max(0, wait - surplus) / fill_rate
         queued = max(wait, surplus) + standalone_rate * switch_s + (pooled - fill_rate) * fill_s
@@ -214,6 +219,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         info = super().describe()
         info["switch_cost_s"] = self.switch_cost_s()
         return info
+
+
+def _queued(ctx: DynamicScheduleContext) -> int:
+    """Samples queued at the sync: read by the controller, else the seed's total_generated - expected."""
+    return ctx.queue_size if ctx.queue_size >= 0 else ctx.total_generated_samples - ctx.expected_samples
 
 
 def _ewma(average: float, value: float) -> float:

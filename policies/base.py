@@ -78,6 +78,11 @@ class DynamicScheduleContext:
     """Hybrid replicas registered with the controller (static; set by the controller core)."""
     num_standalone_replicas: int = 0
     """Standalone replicas registered with the controller (static; set by the controller core)."""
+    queue_size: int = -1
+    """MessageQueue samples not yet taken by the trainer, read at the sync (-1: the driver did not read it;
+    `total_generated - expected` is the seed's estimate of it)."""
+    feed_done: bool = False
+    """Every prompt has been fed (read at the sync): no new sample will start, only in-flight ones finish."""
     # ---- measured by the controller core (core/measure.py); 0 = nothing measured yet ----
     standalone_samples_per_replica_s: float = 0.0
     """Samples enqueued per standalone-replica-second while only standalones served (measured, decayed

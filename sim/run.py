@@ -163,7 +163,8 @@ class Simulation:
         elif isinstance(op, ex.ReadProgress):
             tracker = r.lifecycle.tracker
             return ex.RolloutProgress(total_generated=tracker.total_generated,
-                                      completed_steps=tracker.completed_steps)
+                                      completed_steps=tracker.completed_steps, queue_size=len(r.mq),
+                                      feed_done=r.lifecycle.status().feed_done)
         elif isinstance(op, ex.ReleaseTrainer):
             self._set_phase("switch")
             yield self.scenario.costs.trainer_offload_s

@@ -147,7 +147,7 @@ def test_every_decision_is_explained_with_the_numbers_it_compared():
     policy = make_adaptive()
     policy.should_activate_after_step(8, False, production_bound())
     explained = policy.explain_last_decision()
-    for key in ("decision", "surplus", "standalone_samples_per_s", "hybrid_samples_per_s",
+    for key in ("decision", "queued", "standalone_samples_per_s", "hybrid_samples_per_s",
                 "trainer_s_per_micro_step", "switch_cost_s", "static_idle_s", "dynamic_idle_s",
                 "wait_for_samples", "carry_over_limit"):
         assert key in explained
@@ -202,3 +202,19 @@ def test_the_meter_averages_trainer_micro_steps_and_ignores_negative_durations()
     assert meter.trainer_s_per_micro_step == 6.0
     meter.record_micro_step(16.0)
     assert 6.0 < meter.trainer_s_per_micro_step < 16.0
+
+
+def test_the_queue_read_at_the_sync_replaces_the_seed_estimate_of_it():
+    ctx = production_bound(surplus=-32)
+    ctx.queue_size = 40
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, ctx)
+    assert policy.last_decision["queued"] == 40
+
+
+def test_once_every_prompt_was_fed_the_hybrids_stay_asleep():
+    ctx = production_bound(surplus=0)
+    ctx.feed_done = True
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(8, False, ctx) is False
+    assert "feed done" in policy.last_decision["why"]
