@@ -160,7 +160,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.pending_rebalance_choice = ""
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
-        if global_steps <= 0 or self.only_hybrid:
+        # The initial sync's activation is a measurement too: without it the prior (in the controller's
+        # seconds, whatever the run's time scale) would gate the next activations.
+        if self.only_hybrid:
             return
         if ctx.last_activate_duration_s > 0:
             self.activate_cost_s = _ewma(self.activate_cost_s, ctx.last_activate_duration_s)

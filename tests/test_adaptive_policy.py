@@ -124,12 +124,12 @@ def test_the_switch_cost_is_the_prior_until_both_an_activation_and_a_deactivatio
     assert policy.switch_cost_s() == pytest.approx(2.0 + 4.0)
 
 
-def test_the_initial_sync_does_not_count_as_a_measured_switch():
+def test_the_initial_sync_activation_counts_as_a_measured_switch():
     policy = make_adaptive()
     ctx = make_ctx()
-    ctx.last_activate_duration_s = 50.0
+    ctx.last_activate_duration_s = 0.5
     policy.update_after_step(0, ctx)
-    assert policy.activate_cost_s == 0.0
+    assert policy.activate_cost_s == 0.5
 
 
 def test_the_rebalance_is_always_vetoed():
