@@ -16,8 +16,8 @@ injected `clock` (time.monotonic live, the virtual clock in the simulator).
 
 Per handshake (seed ordering):
 
-    on_micro_step_start -> Checkpoint, [AwaitSamples, SetMembers(remove), WorkerCall(abort),
-                           WorkerCall(sleep)] -> finish_deactivate -> GPUS_READY
+    on_micro_step_start -> Checkpoint, [AwaitSamples, ReadProgress, SetMembers(remove),
+                           WorkerCall(abort), WorkerCall(sleep)] -> finish_deactivate -> GPUS_READY
     on_collected        -> record_collection
     on_weights_ready    -> ReadProgress, Checkpoint, [SyncReplicas(standalones),
                            ReleaseTrainer, WorkerCall(wake), SyncReplicas(hybrids), SetMembers(add),
@@ -25,7 +25,14 @@ Per handshake (seed ordering):
                            finish_sync -> SYNC_DONE
 
 The trainer's offload (ReleaseTrainer) runs just before the hybrids wake, after the
-standalone sync, so a push to the standalones reads GPU-resident weights.
+standalone sync, so a push to the standalones reads GPU-resident weights. With the core's
+`fold_hybrid_sync` the wake comes first and one SyncReplicas covers every replica; with
+`overlap_wake` the offload and the wake are one `Concurrently` op.
+
+Measurements: every ReadProgress (at a sync, and when a hybrid window closes), every change
+of who serves, and the arrival times of the trainer's handshakes feed `core.measure.RateMeter`;
+the core puts its rates in the policy's context before each decision, and a policy that
+explains its decision (`explain_last_decision`) is audited before its commands run.
 """
 
 from __future__ import annotations
