@@ -16,14 +16,20 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   the switch.
 - X is capped at the carry-over limit (max_required - step_required): past it the wait is for
   samples started *in* this version, a latency the extra replicas barely shorten.
-- Activate iff min_X dynamic_idle(X) + MIN_GAIN_S < static_idle, and deactivate at that X.
+- Rates: P_s and P_h come from the per-replica rate pooled over whole sync cycles (it credits a
+  hybrid's work finished on a standalone after the deactivation); the queue fills during the
+  window at the rate measured in the hybrid windows (slower: a window is short against a sample's
+  latency), and what the pooled rate produced beyond it is credited after the switch.
+- Activate iff static_idle - min_X dynamic_idle(X) > MIN_GAIN_FRACTION x the cycle's training time,
+  and deactivate at that X.
 
-Before anything is measured it activates when the queue cannot feed one micro-step (the first sync:
-the trainer waits for its first samples anyway) and deactivates at `required` samples. Unmeasured
-hybrids are assumed as fast per replica as the standalones. The rebalance after an activation is
-vetoed: it aborts every serving replica, whose in-flight work is then re-prefilled, for a spread the
-load balancer reaches anyway by sending new samples to the empty hybrids (measured in
-docs/benchmarks.md). Every decision's numbers are kept in `last_decision` and audited.
+Every threshold is in the controller's own seconds or relative to a measured duration, so the
+policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
+activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
+samples anyway) and deactivates at `required` samples; an unmeasured switch part counts as one
+micro-step of training; it stays asleep once the feed is done. The rebalance is measured too: each
+choice is tried, the one whose windows filled the queue faster is kept (`request_rebalance`).
+Every decision's numbers are kept in `last_decision` and audited.
 """
 
 from __future__ import annotations
@@ -32,18 +38,17 @@ from typing import Any
 
 from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
 
-PRIOR_SWITCH_COST_S = 10.0
-"""Switch cost assumed before one was measured (the default policy's prior)."""
 SWITCH_COST_EWMA = 0.5
 """Weight of the newest measured activation / deactivation in their moving averages."""
-MIN_GAIN_S = 1.0
-"""An activation must be predicted to save at least this much trainer time per cycle."""
+MIN_GAIN_FRACTION = 0.04
+"""An activation must be predicted to save this fraction of the cycle's training time (about 1 s on
+the seed scenario's 25 s cycle): a switch for a smaller gain is within the model's error."""
 REBALANCE_TRIALS = 2
 """Activations tried with and without the rebalance before the measured better one is kept."""
 REBALANCE_RETRY_EVERY = 8
+"""After the trials, every this-many activations re-measure the other choice (workloads drift)."""
 REBALANCE_MEMORY = 10
 """Windows a choice's mean fill rate remembers."""
-"""After the trials, every this-many activations re-measure the other choice (workloads drift)."""
 
 
 def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float) -> float:
@@ -118,13 +123,15 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
         wait, dynamic_idle = self._best_wait(ctx)
-        activate = dynamic_idle + MIN_GAIN_S < static_idle
+        min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
+        activate = static_idle - dynamic_idle > min_gain_s
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
             "decision": "activate" if activate else "stay", "queued": surplus,
             "standalone_samples_per_s": round(standalone_rate, 4), "hybrid_samples_per_s": round(hybrid_rate, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
-            "switch_cost_s": round(self.switch_cost_s(), 3), "static_idle_s": round(static_idle, 3),
+            "switch_cost_s": round(self.switch_cost_s(ctx), 3), "static_idle_s": round(static_idle, 3),
+            "min_gain_s": round(min_gain_s, 3),
             "dynamic_idle_s": round(dynamic_idle, 3), "wait_for_samples": wait,
             "carry_over_limit": ctx.carry_over_limit_samples}
         return activate
@@ -172,11 +179,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     # ---- the model (pure helpers) ----
 
-    def switch_cost_s(self) -> float:
-        """Measured activation + deactivation (+ trainer offload/onload); the prior until both were seen."""
-        if self.activate_cost_s > 0 and self.deactivate_cost_s > 0:
-            return self.activate_cost_s + self.deactivate_cost_s
-        return max(PRIOR_SWITCH_COST_S, self.activate_cost_s + self.deactivate_cost_s)
+    def switch_cost_s(self, ctx: DynamicScheduleContext) -> float:
+        """Measured activation + deactivation (+ trainer offload/onload); a part not measured yet counts
+        as one micro-step of training (a prior in the run's own time units)."""
+        prior_s = ctx.trainer_s_per_micro_step
+        return (self.activate_cost_s or prior_s) + (self.deactivate_cost_s or prior_s)
 
     def _rates(self, ctx: DynamicScheduleContext) -> tuple[float, float]:
         """(P_s, P_h) in samples/s from the per-replica rate pooled over whole cycles (hybrid work left
@@ -210,7 +217,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         pooled = standalone_rate + hybrid_rate
         fill_rate = min(pooled, self._fill_rate(ctx) or pooled)
         surplus = max(0, _queued(ctx))
-        switch_s = self.switch_cost_s()
+        switch_s = self.switch_cost_s(ctx)
         fill_s = max(0, wait - surplus) / fill_rate
         queued = max(wait, surplus) + standalone_rate * switch_s + (pooled - fill_rate) * fill_s
         return fill_s + switch_s + cycle_idle_s(
@@ -219,7 +226,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info["switch_cost_s"] = self.switch_cost_s()
+        info["measured_switch_cost_s"] = self.activate_cost_s + self.deactivate_cost_s
         return info
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from core.measure import RateMeter
 from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
-from policies.adaptive_policy import MIN_GAIN_S, PRIOR_SWITCH_COST_S, cycle_idle_s
+from policies.adaptive_policy import cycle_idle_s
 
 
 def make_ctx(
@@ -90,7 +90,7 @@ def test_a_production_bound_cycle_activates_and_waits_for_at_most_the_carry_over
     ctx = production_bound()
     assert policy.should_activate_after_step(8, False, ctx) is True
     decision = policy.last_decision
-    assert decision["dynamic_idle_s"] + MIN_GAIN_S < decision["static_idle_s"]
+    assert decision["static_idle_s"] - decision["dynamic_idle_s"] > decision["min_gain_s"] > 0
     wait = policy.deactivate_wait_samples(ctx)
     assert ctx.required_samples <= wait <= ctx.carry_over_limit_samples
     assert wait == decision["wait_for_samples"]
@@ -108,20 +108,32 @@ def test_an_expensive_measured_switch_keeps_the_hybrids_asleep():
     ctx = production_bound()
     ctx.last_activate_duration_s, ctx.last_deactivate_duration_s = 60.0, 60.0
     policy.update_after_step(8, ctx)
-    assert policy.switch_cost_s() == pytest.approx(120.0)
+    assert policy.switch_cost_s(ctx) == pytest.approx(120.0)
     assert policy.should_activate_after_step(12, False, production_bound()) is False
 
 
-def test_the_switch_cost_is_the_prior_until_both_an_activation_and_a_deactivation_were_measured():
+def test_a_switch_part_not_measured_yet_counts_as_one_micro_step_of_training():
     policy = make_adaptive()
-    assert policy.switch_cost_s() == PRIOR_SWITCH_COST_S
-    ctx = make_ctx()
+    ctx = make_ctx(trainer_s_per_micro_step=6.0)
+    assert policy.switch_cost_s(ctx) == 12.0
     ctx.last_activate_duration_s = 2.0
     policy.update_after_step(4, ctx)
-    assert policy.switch_cost_s() == PRIOR_SWITCH_COST_S
+    assert policy.switch_cost_s(ctx) == 2.0 + 6.0
     ctx.last_activate_duration_s, ctx.last_deactivate_duration_s, ctx.last_switch_overhead_s = 0.0, 3.0, 1.0
     policy.update_after_step(8, ctx)
-    assert policy.switch_cost_s() == pytest.approx(2.0 + 4.0)
+    assert policy.switch_cost_s(ctx) == pytest.approx(2.0 + 4.0)
+
+
+def test_the_decision_is_the_same_in_any_time_unit():
+    """A time-scaled sim run measures wall seconds: every threshold scales with the measurements."""
+    fast, slow = make_adaptive(), make_adaptive()
+    ctx = production_bound()
+    scaled = production_bound(samples_per_replica_s=0.75 * 20, standalone_samples_per_replica_s=0.9 * 20,
+                              hybrid_window_samples_per_s=1.2 * 20, trainer_s_per_micro_step=6.0 / 20)
+    assert fast.should_activate_after_step(8, False, ctx) == slow.should_activate_after_step(8, False, scaled)
+    assert fast.last_decision["wait_for_samples"] == slow.last_decision["wait_for_samples"]
+    assert fast.last_decision["static_idle_s"] == pytest.approx(20 * slow.last_decision["static_idle_s"],
+                                                                rel=1e-2)
 
 
 def test_the_initial_sync_activation_counts_as_a_measured_switch():
