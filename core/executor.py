@@ -197,7 +197,8 @@ _WORKER_ACTIONS: dict[type, CommandAction] = {
 class ExecutorCore:
     """The controller's handshake handling around a ControllerCore; yields ops, performs none."""
 
-    def __init__(self, *, core: ControllerCore, clock: Callable[[], float], overlap_wake: bool = False) -> None:
+    def __init__(self, *, core: ControllerCore, clock: Callable[[], float],
+                 overlap_wake: bool = False) -> None:
         self.core = core
         self.clock = clock
         self.overlap_wake = overlap_wake

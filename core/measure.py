@@ -66,7 +66,8 @@ class RateMeter:
 
     # ---- inputs ----
 
-    def set_serving(self, now_s: float, *, standalones: int | None = None, hybrids: int | None = None) -> None:
+    def set_serving(self, now_s: float, *, standalones: int | None = None,
+                    hybrids: int | None = None) -> None:
         """The number of standalones and/or hybrids serving changes at `now_s`."""
         self._close_segment(now_s)
         if standalones is not None:

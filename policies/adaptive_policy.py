@@ -85,7 +85,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.rebalance_decisions = 0
         self.last_decision: dict[str, Any] = {}
 
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
         return is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
@@ -116,10 +118,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             activate = surplus < ctx.required_samples
             self.planned_wait_samples = ctx.required_samples if activate else 0
             self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,
-                                  "why": "nothing measured yet: activate iff the queue cannot feed a micro-step",
+                                  "why": "nothing measured yet: activate iff the queue cannot feed a "
+                                         "micro-step",
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
-        static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate, required=ctx.required_samples,
+        static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
+                                   required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
         wait, dynamic_idle = self._best_wait(ctx)
@@ -128,7 +132,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
             "decision": "activate" if activate else "stay", "queued": surplus,
-            "standalone_samples_per_s": round(standalone_rate, 4), "hybrid_samples_per_s": round(hybrid_rate, 4),
+            "standalone_samples_per_s": round(standalone_rate, 4),
+            "hybrid_samples_per_s": round(hybrid_rate, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
             "switch_cost_s": round(self.switch_cost_s(ctx), 3), "static_idle_s": round(static_idle, 3),
             "min_gain_s": round(min_gain_s, 3),
@@ -151,7 +156,10 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             best = max(means, key=lambda c: (means[c], c == "skip"))
             other = "rebalance" if best == "skip" else "skip"
             retry = self.rebalance_decisions % REBALANCE_RETRY_EVERY == 0
-            choice, why = (other, "re-measuring the other choice") if retry else (best, "faster fill measured")
+            if retry:
+                choice, why = other, "re-measuring the other choice"
+            else:
+                choice, why = best, "faster fill measured"
         self.pending_rebalance_choice = choice
         self.last_decision["rebalance"] = {"choice": choice, "why": why,
                                            "fill_samples_per_s": {c: round(m, 4) for c, m in means.items()},

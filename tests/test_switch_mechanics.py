@@ -58,7 +58,8 @@ def test_an_overlapped_wake_releases_the_trainer_and_wakes_the_hybrids_at_once_b
     ops = peers.without_audits()
     overlapped = ex.Concurrently(ops=(ex.ReleaseTrainer(), ex.WorkerCall(replica_ids=H,
                                                                          action=CommandAction.WAKE)))
-    assert ops.index(overlapped) < ops.index(ex.SyncReplicas(replica_ids=S + H, version=1, weights_path="/w/1"))
+    folded_sync = ex.SyncReplicas(replica_ids=S + H, version=1, weights_path="/w/1")
+    assert ops.index(overlapped) < ops.index(folded_sync)
     assert ex.ReleaseTrainer() not in ops  # only inside the concurrent op
     assert core.mode is Mode.HYBRID_ACTIVE
 
@@ -69,12 +70,14 @@ def test_without_overlap_the_trainer_is_released_before_the_wake_is_sent():
     peers = Peers()
     ex.drive(executor.on_weights_ready(weights_ready(1)), peers)
     ops = peers.without_audits()
-    assert ops.index(ex.ReleaseTrainer()) + 1 == ops.index(ex.WorkerCall(replica_ids=H, action=CommandAction.WAKE))
+    wake = ex.WorkerCall(replica_ids=H, action=CommandAction.WAKE)
+    assert ops.index(ex.ReleaseTrainer()) + 1 == ops.index(wake)
 
 
 @pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_in_the_simulator_every_serving_replica_holds_the_new_version_after_each_sync(fold: bool, overlap: bool):
+def test_in_the_simulator_every_serving_replica_holds_the_new_version_after_each_sync(
+        fold: bool, overlap: bool):
     scenario = load_scenario(SCENARIO).with_policy("adaptive").with_prompts(320).with_changes(
         {"async_training.dynamic_schedule_fold_hybrid_sync": fold,
          "async_training.dynamic_schedule_overlap_wake": overlap, "trainer.offload_s": 2.0})
@@ -92,4 +95,5 @@ def test_in_the_simulator_every_serving_replica_holds_the_new_version_after_each
     sim.executor.on_weights_ready = checking  # type: ignore[method-assign]
     result = sim.run()
     assert result.activations > 0 and len(checked) == result.versions + 1
-    assert result.samples["trained"] + result.samples["queued"] + result.samples["generating"] == result.samples["fed"]
+    s = result.samples
+    assert s["trained"] + s["queued"] + s["generating"] == s["fed"]
