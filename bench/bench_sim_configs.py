@@ -26,7 +26,7 @@ from services.launcher import run_job
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yaml",
-                   "configs/sim_16_16_dynamic.yaml")
+                   "configs/sim_16_16_dynamic.yaml", "configs/sim_16_16_adaptive.yaml")
 MEAN_METRICS = {
     "mq_size": "dynamic_resource/mq_size",
     "resource_utilization": "dynamic_resource/resource_utilization",

@@ -26,6 +26,8 @@ Per sync cycle (reference 1.3, seed's five-step policy order):
     begin_sync        -> 3 should_activate_after_step (before any sync), 4 request_rebalance
                          [SyncWeights(standalones), WakeReplicas, SyncWeights(hybrids),
                           AddReplicas, ResumeReplicas, Rebalance, ResetStaleness]
+                         fold_hybrid_sync: [WakeReplicas, SyncWeights(standalones + hybrids),
+                          AddReplicas, ResumeReplicas, Rebalance, ResetStaleness]
     finish_activate      (only when begin_sync left the core ACTIVATING)
     finish_sync       -> 5 update_after_step; per-cycle durations and wait lists cleared
 
@@ -40,11 +42,31 @@ Rules beyond the original (why: see docs/scheduling.md):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
-from typing import Any, ClassVar, get_args
+from typing import Any
 
+from core.commands import (
+    COMMAND_TYPES,
+    AbortReplicas,
+    AddReplicas,
+    Command,
+    Rebalance,
+    RemoveReplicas,
+    ResetStaleness,
+    ResumeReplicas,
+    SleepReplicas,
+    SyncWeights,
+    WaitForSamples,
+    WakeReplicas,
+    command_from_dict,
+    command_to_dict,
+)
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
+
+__all__ = ["COMMAND_TYPES", "AbortReplicas", "AddReplicas", "Command", "ControllerCore",
+           "IllegalTransitionError", "Mode", "Rebalance", "RemoveReplicas", "ResetStaleness",
+           "ResumeReplicas", "SleepReplicas", "SyncWeights", "WaitForSamples", "WakeReplicas",
+           "check_transition", "command_from_dict", "command_to_dict"]
 
 
 class Mode(StrEnum):
@@ -65,6 +87,12 @@ TRANSITIONS: dict[Mode, frozenset[Mode]] = {
 """Every legal move; `check_transition` is the only place that consults it."""
 
 
+MEASURED_FIELDS = ("standalone_samples_per_replica_s", "hybrid_samples_per_replica_s",
+                   "samples_per_replica_s", "hybrid_window_samples_per_s",
+                   "last_hybrid_window_samples_per_s", "trainer_s_per_micro_step")
+"""The context fields the controller fills from its measurements (`record_measurements`)."""
+
+
 class IllegalTransitionError(RuntimeError):
     """A call arrived in a state where it is not allowed (a caller bug, never retried)."""
 
@@ -74,104 +102,6 @@ def check_transition(current: Mode, target: Mode) -> Mode:
     if target not in TRANSITIONS[current]:
         raise IllegalTransitionError(f"illegal mode transition {current.value} -> {target.value}")
     return target
-
-
-# Commands: what the caller must do, in order. All are idempotent (re-issued after a crash).
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WaitForSamples:
-    """Block until the MessageQueue holds at least `min_queue_size` samples."""
-    kind: ClassVar[str] = "wait_for_samples"
-    min_queue_size: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RemoveReplicas:
-    """Take replicas out of the load balancer (routing cut first, so retries go elsewhere)."""
-    kind: ClassVar[str] = "remove_replicas"
-    replica_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AbortReplicas:
-    """Abort in-flight requests on the replicas; partial rollouts are retried on the others."""
-    kind: ClassVar[str] = "abort_replicas"
-    replica_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SleepReplicas:
-    """Free KV cache and offload weights, returning the GPU memory to the trainer."""
-    kind: ClassVar[str] = "sleep_replicas"
-    replica_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WakeReplicas:
-    """Re-acquire GPU memory on sleeping replicas (the trainer has released it)."""
-    kind: ClassVar[str] = "wake_replicas"
-    replica_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SyncWeights:
-    """Load weights `version` into the replicas."""
-    kind: ClassVar[str] = "sync_weights"
-    replica_ids: tuple[str, ...]
-    version: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AddReplicas:
-    """Register replicas in the load balancer (already-present ones are skipped)."""
-    kind: ClassVar[str] = "add_replicas"
-    replica_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ResumeReplicas:
-    """Let the replicas accept requests again."""
-    kind: ClassVar[str] = "resume_replicas"
-    replica_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Rebalance:
-    """Clear sticky sessions, abort and resume all active replicas so retries spread least-loaded."""
-    kind: ClassVar[str] = "rebalance"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ResetStaleness:
-    """Tell the rollouter version `version` is live: reset staleness, close the utilization window."""
-    kind: ClassVar[str] = "reset_staleness"
-    version: int
-
-
-Command = (
-    WaitForSamples | RemoveReplicas | AbortReplicas | SleepReplicas | WakeReplicas
-    | SyncWeights | AddReplicas | ResumeReplicas | Rebalance | ResetStaleness
-)  # fmt: skip
-COMMAND_TYPES: dict[str, type[Any]] = {cls.kind: cls for cls in get_args(Command)}
-
-
-def command_to_dict(command: Command) -> dict[str, Any]:
-    """Plain dict with the command's `kind` and fields (tuples become lists)."""
-    data = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(command).items()}
-    return {"kind": command.kind, **data}
-
-
-def command_from_dict(data: dict[str, Any]) -> Command:
-    """Inverse of `command_to_dict`; raises ValueError on an unknown kind."""
-    cls = COMMAND_TYPES.get(data.get("kind", ""))
-    if cls is None:
-        raise ValueError(f"unknown command kind {data.get('kind')!r}")
-    kwargs = {f.name: data[f.name] for f in fields(cls)}
-    if "replica_ids" in kwargs:
-        kwargs["replica_ids"] = tuple(kwargs["replica_ids"])
-    command: Command = cls(**kwargs)
-    return command
 
 
 class ControllerCore:
@@ -185,6 +115,7 @@ class ControllerCore:
         hybrid_ids: tuple[str, ...],
         standalone_ids: tuple[str, ...],
         enable_rebalance: bool = True,
+        fold_hybrid_sync: bool = False,
     ):
         if not hybrid_ids and not standalone_ids:
             raise ValueError("need at least one hybrid or standalone replica")
@@ -196,6 +127,9 @@ class ControllerCore:
         self.hybrid_ids = tuple(hybrid_ids)
         self.standalone_ids = tuple(standalone_ids)
         self.enable_rebalance = enable_rebalance
+        self.fold_hybrid_sync = fold_hybrid_sync
+        """Activation wakes the hybrids first and syncs them in the standalones' sync (one SyncWeights
+        over every replica) instead of after it: the hybrid sync leaves the critical path."""
         ctx.num_hybrid_replicas = len(self.hybrid_ids)
         ctx.num_standalone_replicas = len(self.standalone_ids)
         self.mode = Mode.STANDALONE_ONLY
@@ -254,7 +188,8 @@ class ControllerCore:
     # ---- sync: seed steps 3-5 ----
 
     def begin_sync(
-        self, *, global_steps: int, version: int, total_generated_samples: int, completed_steps: int
+        self, *, global_steps: int, version: int, total_generated_samples: int, completed_steps: int,
+        queue_size: int = -1, feed_done: bool = False,
     ) -> list[Command]:
         """Weights `version` are ready; returns the sync (and maybe activation) commands."""
         self._require(not self.in_sync, "begin_sync during a sync")
@@ -263,6 +198,7 @@ class ControllerCore:
         ctx.total_generated_samples = total_generated_samples
         ctx.expected_samples = ctx.step_required_samples * completed_steps
         ctx.buffer_samples = int(ctx.step_required_samples * ctx.staleness_threshold)
+        ctx.queue_size, ctx.feed_done = queue_size, feed_done
         active = self.mode is Mode.HYBRID_ACTIVE
         # Decided before any sync, so a skipped activation also skips the hybrid weight sync.
         policy_says = self.policy.should_activate_after_step(global_steps, active, ctx)
@@ -272,26 +208,30 @@ class ControllerCore:
         activate = bool(policy_says) or forced or ctx.only_hybrid
         self.in_sync = True
         commands: list[Command] = []
-        if self.standalone_ids:
+        fold = activate and not active and self.fold_hybrid_sync and bool(self.hybrid_ids)
+        if self.standalone_ids and not fold:
             commands.append(SyncWeights(replica_ids=self.standalone_ids, version=version))
         if active:
             if self.hybrid_ids:
                 commands.append(SyncWeights(replica_ids=self.hybrid_ids, version=version))
         elif activate:
-            commands += self._activate_commands(global_steps, version)
+            commands += self._activate_commands(global_steps, version, fold=fold)
         commands.append(ResetStaleness(version=version))
         self._in_flight = list(commands)
         return commands
 
-    def _activate_commands(self, global_steps: int, version: int) -> list[Command]:
+    def _activate_commands(self, global_steps: int, version: int, *, fold: bool) -> list[Command]:
         self.mode = check_transition(self.mode, Mode.ACTIVATING)
         if not self.hybrid_ids:
             self.finish_activate(0.0)
             return []
         h = self.hybrid_ids
+        # Folded: the hybrids wake first and join the standalones' sync (every replica at `version`
+        # when it ends, as in the seed order); else the seed's order, hybrid sync after the standalones'.
+        synced = self.standalone_ids + h if fold else h
         commands: list[Command] = [
             WakeReplicas(replica_ids=h),
-            SyncWeights(replica_ids=h, version=version),
+            SyncWeights(replica_ids=synced, version=version),
             AddReplicas(replica_ids=h),
             ResumeReplicas(replica_ids=h),
         ]
@@ -313,10 +253,23 @@ class ControllerCore:
         self.policy.update_after_step(global_steps, self.ctx)
         self.ctx.last_activate_duration_s = 0.0
         self.ctx.last_deactivate_duration_s = 0.0
+        self.ctx.last_switch_overhead_s = 0.0
         self.ctx.step_wait_times.clear()
         self.ctx.step_wait_samples.clear()
         self.in_sync = False
         self._in_flight = []
+
+    def record_measurements(self, **measured: float) -> None:
+        """The executor's measurements (core.measure) into the context fields of the same names."""
+        for name, value in measured.items():
+            if name not in MEASURED_FIELDS:
+                raise ValueError(f"{name!r} is not a measured context field ({', '.join(MEASURED_FIELDS)})")
+            setattr(self.ctx, name, _non_negative(value, name))
+
+    def record_switch_overhead(self, duration_s: float) -> None:
+        """Trainer time a switch cost outside the switch commands (offload before a wake, onload after
+        a sleep); summed into ctx.last_switch_overhead_s for this cycle."""
+        self.ctx.last_switch_overhead_s += _non_negative(duration_s, "duration_s")
 
     def force(self, activate: bool) -> None:
         """Admin request, applied at the next safe point through the normal ordering.
@@ -358,6 +311,7 @@ class ControllerCore:
             "hybrid_ids": list(self.hybrid_ids),
             "standalone_ids": list(self.standalone_ids),
             "enable_rebalance": self.enable_rebalance,
+            "fold_hybrid_sync": self.fold_hybrid_sync,
             "in_flight": [command_to_dict(c) for c in self._in_flight],
             "ctx": self.ctx.to_dict(),
             "policy": {"name": self.policy.policy_name, "state": self.policy.state_dict()},
@@ -376,6 +330,7 @@ class ControllerCore:
             hybrid_ids=tuple(data["hybrid_ids"]),
             standalone_ids=tuple(data["standalone_ids"]),
             enable_rebalance=bool(data["enable_rebalance"]),
+            fold_hybrid_sync=bool(data.get("fold_hybrid_sync", False)),
         )
         core.mode = Mode(data["mode"])
         core.in_sync = bool(data["in_sync"])

@@ -16,8 +16,8 @@ injected `clock` (time.monotonic live, the virtual clock in the simulator).
 
 Per handshake (seed ordering):
 
-    on_micro_step_start -> Checkpoint, [AwaitSamples, SetMembers(remove), WorkerCall(abort),
-                           WorkerCall(sleep)] -> finish_deactivate -> GPUS_READY
+    on_micro_step_start -> Checkpoint, [AwaitSamples, ReadProgress, SetMembers(remove),
+                           WorkerCall(abort), WorkerCall(sleep)] -> finish_deactivate -> GPUS_READY
     on_collected        -> record_collection
     on_weights_ready    -> ReadProgress, Checkpoint, [SyncReplicas(standalones),
                            ReleaseTrainer, WorkerCall(wake), SyncReplicas(hybrids), SetMembers(add),
@@ -25,19 +25,44 @@ Per handshake (seed ordering):
                            finish_sync -> SYNC_DONE
 
 The trainer's offload (ReleaseTrainer) runs just before the hybrids wake, after the
-standalone sync, so a push to the standalones reads GPU-resident weights.
+standalone sync, so a push to the standalones reads GPU-resident weights. With the core's
+`fold_hybrid_sync` the wake comes first and one SyncReplicas covers every replica; with
+`overlap_wake` the offload and the wake are one `Concurrently` op.
+
+Measurements: every ReadProgress (at a sync, and when a hybrid window closes), every change
+of who serves, and the arrival times of the trainer's handshakes feed `core.measure.RateMeter`;
+the core puts its rates in the policy's context before each decision, and a policy that
+explains its decision (`explain_last_decision`) is audited before its commands run.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from core import controller as cc
 from core.controller import ControllerCore, Mode
+from core.executor_ops import (  # noqa: F401  (re-exported: drivers and tests use core.executor's names)
+    Audit,
+    AuditRecord,
+    AwaitSamples,
+    Checkpoint,
+    ClearSticky,
+    Concurrently,
+    Op,
+    ReadProgress,
+    ReleaseTrainer,
+    ResetRollouter,
+    RolloutProgress,
+    SetActiveReplicas,
+    SetMembers,
+    SyncReplicas,
+    WorkerCall,
+)
+from core.measure import RateMeter
 from shared.schema import (
-    AuditEvent,
     AuditKind,
     CommandAction,
     TrainerAction,
@@ -49,124 +74,6 @@ from shared.schema import (
 T = TypeVar("T")
 Plan = Generator["Op", Any, T]
 """A generator of ops; the driver sends each op's result back and gets the plan's value at the end."""
-
-
-# ---- the primitive operations a driver performs (result in the docstring's last line) ----
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Checkpoint:
-    """The core's decision is made: persist it before anything runs (crash safety). -> None"""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ReadProgress:
-    """Read the rollouter's progress for the policy's context. -> RolloutProgress"""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AwaitSamples:
-    """Return once mq_size >= min_queue_size, or the rollouter cannot produce more
-    (`core.sample_lifecycle.RolloutStatus.stalled`), or an admin force ends the wait. -> None"""
-
-    min_queue_size: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SetMembers:
-    """Add replicas to (or remove them from) the load balancer. -> the members after, in order"""
-
-    replica_ids: tuple[str, ...]
-    add: bool
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SetActiveReplicas:
-    """Tell the rollouter how many replicas serve (it recomputes max_concurrent_samples). -> None"""
-
-    num_replicas: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WorkerCall:
-    """One lifecycle action (abort, sleep, wake, resume) on every replica; waits for live ones. -> None"""
-
-    replica_ids: tuple[str, ...]
-    action: CommandAction
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ReleaseTrainer:
-    """The trainer offloads its GPUs (hybrids wake next). -> None"""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SyncReplicas:
-    """The trainer brings the replicas to `version`: push, or filesystem fallback. -> WeightSyncReport"""
-
-    replica_ids: tuple[str, ...]
-    version: int
-    weights_path: str
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ClearSticky:
-    """Forget the load balancer's sticky sessions. -> None"""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ResetRollouter:
-    """Version `version` is live: reset staleness, close the utilization window. -> dict[str, float]"""
-
-    version: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Audit:
-    """Record a lifecycle event of the controller (the driver stamps the subject and the time). -> None"""
-
-    event: AuditRecord
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AuditRecord:
-    """The typed fields of a controller AuditEvent (`shared.schema.AuditEvent` documents each)."""
-
-    kind: AuditKind
-    version: int = -1
-    activated: bool | None = None
-    """SWITCH."""
-    command: str = ""
-    """COMMAND: the core command's kind."""
-    replica_ids: tuple[str, ...] = ()
-    """COMMAND, PUSH."""
-    duration_s: float | None = None
-    """COMMAND, PUSH."""
-    transport: str = ""
-    """PUSH."""
-    ok: bool | None = None
-    """PUSH."""
-    error: str = ""
-    """PUSH."""
-    detail: str = ""
-    """Free text for humans."""
-
-    def to_event(self, *, subject: str, t: float) -> AuditEvent:
-        return AuditEvent(kind=self.kind, subject=subject, t=t, detail=self.detail, version=self.version,
-                          activated=self.activated, command=self.command, replica_ids=list(self.replica_ids),
-                          duration_s=self.duration_s, transport=self.transport, ok=self.ok, error=self.error)
-
-
-Op = (Checkpoint | ReadProgress | AwaitSamples | SetMembers | SetActiveReplicas | WorkerCall | ReleaseTrainer
-      | SyncReplicas | ClearSticky | ResetRollouter | Audit)  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RolloutProgress:
-    """What begin_sync needs from the rollouter."""
-
-    total_generated: int
-    completed_steps: int
 
 
 @dataclass
@@ -206,11 +113,20 @@ _WORKER_ACTIONS: dict[type, CommandAction] = {
 class ExecutorCore:
     """The controller's handshake handling around a ControllerCore; yields ops, performs none."""
 
-    def __init__(self, *, core: ControllerCore, clock: Callable[[], float]) -> None:
+    def __init__(self, *, core: ControllerCore, clock: Callable[[], float],
+                 overlap_wake: bool = False) -> None:
         self.core = core
         self.clock = clock
+        self.overlap_wake = overlap_wake
+        """The trainer's offload and the hybrids' wake run concurrently (config: where memory allows)."""
         self.serving_hybrids: tuple[str, ...] = core.hybrid_ids if core.mode is Mode.HYBRID_ACTIVE else ()
         """Hybrids the load balancer routes to (from its last membership answer)."""
+        self.meter = RateMeter(num_standalone=len(core.standalone_ids), num_hybrid=len(core.hybrid_ids))
+        """What the policy's measured context fields come from (core.measure)."""
+        self.meter.hybrids_serving = len(self.serving_hybrids)
+        self._collected_at: float | None = None
+        self._ready_at: float | None = None
+        """When the last GPUS_READY that followed a deactivation was sent (None: no deactivation)."""
         self.last_report = ExecutionReport()
         """The report of the last weights_ready handled (its cycle's sync metrics)."""
 
@@ -219,23 +135,54 @@ class ExecutorCore:
     def on_micro_step_start(self, event: TrainerEvent, *, recovering: bool = False) -> Plan[TrainerReply]:
         """Deactivate the hybrids if they hold the trainer's GPUs; the answer is GPUS_READY."""
         core = self.core
+        self._measure_micro_step()
         if recovering and core.mode is Mode.DEACTIVATING:
             commands = core.recovery_commands()
         else:
             commands = core.begin_micro_step(event.global_steps)
         yield Checkpoint()
+        if commands:
+            yield from self._explain(event.version)
         report = yield from self.execute(commands)
+        self._ready_at = None
         if core.mode is Mode.DEACTIVATING:
             core.finish_deactivate(report.switch_s)
             self.serving_hybrids = ()
             yield Audit(event=AuditRecord(kind=AuditKind.SWITCH, activated=False, duration_s=report.switch_s,
                                           version=event.version, detail="deactivated"))
+            self._ready_at = self.clock()
         return TrainerReply(action=TrainerAction.GPUS_READY, global_steps=event.global_steps,
                             wait_for_enough_samples_s=report.wait_for_enough_samples_s,
                             deactivate_s=report.switch_s)
 
     def on_collected(self, event: TrainerEvent) -> None:
+        now = self.clock()
         self.core.record_collection(wait_time_s=event.wait_time_s, wait_samples=event.wait_samples)
+        if self._ready_at is not None:  # the trainer's onload after the hybrids slept (its acquire)
+            self.core.record_switch_overhead(max(0.0, now - self._ready_at - event.wait_time_s))
+            self._ready_at = None
+        self._collected_at = now
+
+    def _measure_micro_step(self) -> None:
+        """A trainer handshake arrived: the micro-step collected last is done; refresh the context."""
+        if self._collected_at is not None:
+            self.meter.record_micro_step(self.clock() - self._collected_at)
+            self._collected_at = None
+        m = self.meter
+        self.core.record_measurements(standalone_samples_per_replica_s=m.standalone_samples_per_replica_s,
+                                      hybrid_samples_per_replica_s=m.hybrid_samples_per_replica_s,
+                                      samples_per_replica_s=m.samples_per_replica_s,
+                                      hybrid_window_samples_per_s=m.hybrid_window_samples_per_s,
+                                      last_hybrid_window_samples_per_s=m.last_hybrid_window_samples_per_s,
+                                      trainer_s_per_micro_step=m.trainer_s_per_micro_step)
+
+    def _explain(self, version: int) -> Plan[None]:
+        """Audit the numbers behind the policy's decision, when the policy gives them."""
+        decision = self.core.policy.explain_last_decision()
+        if decision:
+            plain = json.loads(json.dumps(decision, default=str))  # wire-safe: numbers, strings, dicts
+            yield Audit(event=AuditRecord(kind=AuditKind.DECISION, version=version, decision=plain,
+                                          detail=f"policy {plain.get('decision', '')}"))
 
     def on_weights_ready(self, event: TrainerEvent, *, recovering: bool = False) -> Plan[TrainerReply]:
         """Sync every serving replica to the new version, activating hybrids if the policy says so."""
@@ -244,9 +191,13 @@ class ExecutorCore:
             commands = core.recovery_commands()
         else:
             progress: RolloutProgress = yield ReadProgress()
+            self.meter.read_progress(self.clock(), progress.total_generated, cycle_end=True)
+            self._measure_micro_step()
             commands = core.begin_sync(global_steps=event.global_steps, version=event.version,
                                        total_generated_samples=progress.total_generated,
-                                       completed_steps=progress.completed_steps)
+                                       completed_steps=progress.completed_steps,
+                                       queue_size=progress.queue_size, feed_done=progress.feed_done)
+            yield from self._explain(event.version)
         yield Checkpoint()
         activating = core.mode is Mode.ACTIVATING
         report = yield from self.execute(commands, weights_path=event.weights_path,
@@ -267,18 +218,39 @@ class ExecutorCore:
                 release_trainer: bool = False) -> Plan[ExecutionReport]:
         """Run `commands` in order, timing each; the trainer is released before the first wake."""
         report = ExecutionReport()
+        meter, standalones = self.meter, self.core.standalone_ids
         for command in commands:
+            if isinstance(command, cc.RemoveReplicas):  # the hybrids' window closes: measure it
+                progress: RolloutProgress = yield ReadProgress()
+                meter.read_progress(self.clock(), progress.total_generated)
+                meter.set_serving(self.clock(), hybrids=0)
             started = self.clock()
+            standalone_sync = (isinstance(command, cc.SyncWeights) and bool(standalones)
+                               and set(standalones) <= set(command.replica_ids))
+            if standalone_sync:
+                meter.set_serving(started, standalones=0)
             if isinstance(command, cc.WakeReplicas) and release_trainer:
                 release_trainer = False
-                yield ReleaseTrainer()
-                report.trainer_release_s += self.clock() - started
-                started = self.clock()
-            yield from self._apply(command, report, weights_path)
-            elapsed = self.clock() - started
+                if self.overlap_wake:  # offload and wake at once: the whole of it is the switch's
+                    yield Concurrently(ops=(ReleaseTrainer(), WorkerCall(
+                        replica_ids=command.replica_ids, action=CommandAction.WAKE)))
+                else:
+                    yield ReleaseTrainer()
+                    report.trainer_release_s += self.clock() - started
+                    self.core.record_switch_overhead(self.clock() - started)
+                    started = self.clock()
+                    yield from self._apply(command, report, weights_path)
+            else:
+                yield from self._apply(command, report, weights_path)
+            now = self.clock()
+            elapsed = now - started
+            if standalone_sync:
+                meter.set_serving(now, standalones=len(standalones))
+            elif isinstance(command, cc.ResumeReplicas):
+                meter.set_serving(now, hybrids=len(self.serving_hybrids))
             if isinstance(command, cc.WaitForSamples):
                 report.wait_for_enough_samples_s += elapsed
-            elif isinstance(command, cc.SyncWeights) and command.replica_ids == self.core.standalone_ids:
+            elif standalone_sync:  # a folded sync is the one that happens anyway: not the switch's
                 report.standalone_sync_s += elapsed
             elif not isinstance(command, cc.ResetStaleness):
                 report.switch_s += elapsed

@@ -5,6 +5,7 @@ build_policy, load_policy_module, registered_policies`. User policies live in an
 importable module named in config and are loaded with `load_policy_module`.
 """
 
+from policies.adaptive_policy import AdaptiveDynamicSchedulePolicy
 from policies.base import (
     DynamicScheduleContext,
     DynamicSchedulePolicyBase,
@@ -20,6 +21,7 @@ from policies.fixed_ratio_policy import FixedRatioDynamicSchedulePolicy
 from policies.static_fully_async_policy import StaticFullyAsyncPolicy
 
 __all__ = [
+    "AdaptiveDynamicSchedulePolicy",
     "DefaultDynamicSchedulePolicy",
     "DynamicScheduleContext",
     "DynamicSchedulePolicyBase",

@@ -78,8 +78,38 @@ class DynamicScheduleContext:
     """Hybrid replicas registered with the controller (static; set by the controller core)."""
     num_standalone_replicas: int = 0
     """Standalone replicas registered with the controller (static; set by the controller core)."""
+    queue_size: int = -1
+    """MessageQueue samples not yet taken by the trainer, read at the sync (-1: the driver did not read it;
+    `total_generated - expected` is the seed's estimate of it)."""
+    feed_done: bool = False
+    """Every prompt has been fed (read at the sync): no new sample will start, only in-flight ones finish."""
+    # ---- measured by the controller core (core/measure.py); 0 = nothing measured yet ----
+    standalone_samples_per_replica_s: float = 0.0
+    """Samples enqueued per standalone-replica-second while only standalones served (measured, decayed
+    average over the controller's progress readings; refreshed at each sync and deactivation)."""
+    hybrid_samples_per_replica_s: float = 0.0
+    """Extra samples enqueued per hybrid-replica-second while hybrids served: (produced - the standalones'
+    measured share) / hybrid replica-seconds, over the hybrid windows so far (0 = never measured)."""
+    samples_per_replica_s: float = 0.0
+    """Samples enqueued per serving replica-second over whole sync cycles, standalones and hybrids pooled
+    (measured, decayed; refreshed at each sync): it credits hybrid work finished on a standalone after
+    the hybrid's deactivation, which the two per-window rates above cannot."""
+    hybrid_window_samples_per_s: float = 0.0
+    """Samples enqueued per second of hybrid serving, all replicas included: how fast the queue filled
+    while the trainer waited with its GPUs lent (measured over the hybrid windows, decayed; 0 = none)."""
+    last_hybrid_window_samples_per_s: float = 0.0
+    """The same rate for the latest hybrid window alone (what the last activation achieved)."""
+    trainer_s_per_micro_step: float = 0.0
+    """Seconds from a micro-step's samples being collected to the trainer's next handshake (training,
+    ack, export), decayed average: what one micro-step's `required_samples` cost the trainer."""
+    last_switch_overhead_s: float = 0.0
+    """Trainer seconds lost to this cycle's switches outside the two durations above: its offload
+    before the hybrids woke and its onload after they slept (measured; cleared with them)."""
     step_required_samples: int = field(init=False)
     """Derived once: required_samples x trigger_parameter_sync_step, the samples of one sync cycle."""
+    max_required_samples: int = field(init=False)
+    """Derived once: int(required x (staleness_threshold + 1) x trigger), the samples one version may
+    hold; max_required - step_required is the most that can be carried into the next version."""
 
     def __post_init__(self) -> None:
         if self.required_samples < 1:
@@ -90,6 +120,13 @@ class DynamicScheduleContext:
         if self.staleness_threshold < 0:
             raise ValueError(f"staleness_threshold must be >= 0, got {self.staleness_threshold}")
         self.step_required_samples = self.required_samples * self.trigger_parameter_sync_step
+        self.max_required_samples = int(
+            self.required_samples * (self.staleness_threshold + 1) * self.trigger_parameter_sync_step)
+
+    @property
+    def carry_over_limit_samples(self) -> int:
+        """max_required - step_required: samples a version can hand to the next (queued or in flight)."""
+        return self.max_required_samples - self.step_required_samples
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field (lists copied), for persistence."""
@@ -197,6 +234,14 @@ class DynamicSchedulePolicyBase(ABC):
         for key, value in self.state_dict().items():
             info.setdefault(key.lstrip("_"), value)
         return info
+
+    def explain_last_decision(self) -> dict[str, Any]:
+        """The numbers behind the policy's last decision, for the controller's audit record.
+
+        Default: the policy's `last_decision` attribute if it keeps one, else {} (nothing audited).
+        """
+        decision = getattr(self, "last_decision", None)
+        return dict(decision) if isinstance(decision, dict) else {}
 
     def set_deactivate_ratio(self, value: float) -> None:
         """Admin override of deactivate_ratio; must lie in [0, 1].

@@ -118,12 +118,18 @@ class AsyncTrainingConfig(_Section):
     partial_rollout: bool = True
     use_dynamic_resource_scheduling: bool = False
     dynamic_schedule_policy: str = "default"
-    """A registered policy name (built-ins: default, fixed_ratio, static_fully_async)."""
+    """A registered policy name (built-ins: adaptive, default, fixed_ratio, static_fully_async)."""
     dynamic_schedule_policy_module: str = ""
     """Importable module holding a user policy; importing it runs its @register_policy."""
     dynamic_schedule_deactivate_ratio: Annotated[float, Field(ge=0, le=1)] = 0.3
     dynamic_schedule_enable_rebalance: bool = True
     concurrent_samples_per_replica: Count = 16
+    dynamic_schedule_fold_hybrid_sync: bool = False
+    """Activation wakes the hybrids first and syncs them in the standalones' weight sync instead of
+    after it (false: the seed's order, standalone sync -> wake -> hybrid sync)."""
+    dynamic_schedule_overlap_wake: bool = False
+    """The trainer's offload and the hybrids' wake run at once (only where the GPU memory holds both
+    the trainer's resident state and the hybrids' weights + KV); false: offload, then wake."""
 
 
 class RolloutConfig(_Section):

@@ -293,6 +293,8 @@ class AuditEvent:
     """COMMAND, PUSH, SWITCH: how long it took."""
     replica_ids: list[str] = field(default_factory=list)
     """COMMAND, PUSH, LB: the replicas concerned."""
+    decision: dict[str, Any] | None = None
+    """DECISION: what the policy decided and the numbers it compared (its `explain_last_decision`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

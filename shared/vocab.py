@@ -122,6 +122,8 @@ class AuditKind(StrEnum):
     PUSH = "push"
     LB = "lb"
     DROP = "drop"
+    DECISION = "decision"
+    """A policy's decision with the numbers it compared (AuditEvent.decision)."""
 
 
 class AuditPhase(StrEnum):

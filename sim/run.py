@@ -87,8 +87,10 @@ class Simulation:
                                    only_hybrid=not self.standalone_ids)
         self.core = ControllerCore(policy=self.policy, ctx=ctx, hybrid_ids=self.hybrid_ids,
                                    standalone_ids=self.standalone_ids,
-                                   enable_rebalance=cfg.dynamic_schedule_enable_rebalance)
-        self.executor = ex.ExecutorCore(core=self.core, clock=self._now)
+                                   enable_rebalance=cfg.dynamic_schedule_enable_rebalance,
+                                   fold_hybrid_sync=cfg.dynamic_schedule_fold_hybrid_sync)
+        self.executor = ex.ExecutorCore(core=self.core, clock=self._now,
+                                        overlap_wake=cfg.dynamic_schedule_overlap_wake)
         self.cycle = tc.TrainerCycle(limits=self.limits, clock=self._now)
         self.metrics = CycleMetrics(train_gpus=cluster.train_gpus, rollout_gpus=cluster.rollout_gpus,
                                     dynamic=self.dynamic)
@@ -137,6 +139,10 @@ class Simulation:
             result = yield from self._perform(op)
 
     def _perform(self, op: ex.Op) -> Proc:
+        """Perform one of the plan's ops on the clock; returns its result."""
+        return (yield from self._perform_one(op))
+
+    def _perform_one(self, op: ex.Op) -> Proc:
         r = self.rollouter
         if isinstance(op, ex.AwaitSamples):
             while len(r.mq) < op.min_queue_size and not r.lifecycle.status().stalled:
@@ -158,9 +164,34 @@ class Simulation:
         elif isinstance(op, ex.ReadProgress):
             tracker = r.lifecycle.tracker
             return ex.RolloutProgress(total_generated=tracker.total_generated,
-                                      completed_steps=tracker.completed_steps)
-        # Checkpoint, Audit, ReleaseTrainer: nothing to model (no crash, no log, offload not modelled)
+                                      completed_steps=tracker.completed_steps, queue_size=len(r.mq),
+                                      feed_done=r.lifecycle.status().feed_done)
+        elif isinstance(op, ex.ReleaseTrainer):
+            self._set_phase(LaneState.SWITCH)
+            yield self.scenario.costs.trainer_offload_s
+            self._set_phase(LaneState.IDLE)
+        elif isinstance(op, ex.Concurrently):
+            return (yield from self._concurrently(op.ops))
+        # Checkpoint, Audit: nothing to model (no crash, no log)
         return None
+
+    def _concurrently(self, ops: tuple[ex.Op, ...]) -> Proc:
+        """Each op as its own process on the clock; done when the last one is."""
+        done = self.engine.signal("concurrent_ops_done")
+        results: list[Any] = [None] * len(ops)
+        left = [len(ops)]
+
+        def run_one(i: int, op: ex.Op) -> Proc:
+            results[i] = yield from self._perform_one(op)  # parts of one op, not ops of the plan
+            left[0] -= 1
+            if not left[0]:
+                done.fire()
+
+        for i, op in enumerate(ops):
+            self.engine.start_process(run_one(i, op))
+        while left[0]:
+            yield done
+        return tuple(results)
 
     def _worker_call(self, op: ex.WorkerCall) -> Proc:
         r = self.rollouter
@@ -174,8 +205,11 @@ class Simulation:
                 replica.sleep()
             self._set_phase(LaneState.IDLE)
         elif op.action is CommandAction.WAKE:
+            self._set_phase(LaneState.SWITCH)
+            yield self.scenario.costs.hybrid_wake_s
             for replica in replicas:
                 replica.wake()
+            self._set_phase(LaneState.IDLE)
         elif op.action is CommandAction.RESUME:
             for replica in replicas:
                 replica.resume()
@@ -185,22 +219,24 @@ class Simulation:
 
     def _sync_replicas(self, op: ex.SyncReplicas) -> Proc:
         r = self.rollouter
-        hybrid = op.replica_ids[0] in self.hybrid_ids
+        hybrid = all(rid in self.hybrid_ids for rid in op.replica_ids)
         replicas = [r.replicas[rid] for rid in op.replica_ids]
         awake = [rep for rep in replicas if rep.awake and (not rep.hybrid or rep.replica_id in r.lb.inflight)]
         r.abort(tuple(rep.replica_id for rep in awake))
         for rep in awake:
             rep.pause()
-        if hybrid:
+        costs = self.scenario.costs
+        if hybrid:  # the in-process sync: hybrid_sync_s less the offload and wake modelled on their own
             self._set_phase(LaneState.SWITCH)
-            yield self.scenario.costs.hybrid_sync_s
-        else:
-            self.syncing.update(op.replica_ids)
-            for rid in op.replica_ids:
+            yield max(0.0, costs.hybrid_sync_s - costs.trainer_offload_s - costs.hybrid_wake_s)
+        else:  # standalones, or hybrids folded into the standalones' sync (both take weight_sync_s)
+            standalone_ids = [rid for rid in op.replica_ids if rid in self.standalone_lanes]
+            self.syncing.update(standalone_ids)
+            for rid in standalone_ids:
                 self.timeline.set(self.standalone_lanes[rid], LaneState.SYNC, self.engine.now_s)
             self._set_phase(LaneState.SYNC)
-            yield self.scenario.costs.standalone_sync_s
-            self.syncing.difference_update(op.replica_ids)
+            yield costs.standalone_sync_s
+            self.syncing.difference_update(standalone_ids)
         for rep in replicas:
             rep.version = op.version
         for rep in awake:

@@ -71,6 +71,8 @@ class FlowSettings:
     dynamic_schedule_policy: str
     dynamic_schedule_deactivate_ratio: float
     dynamic_schedule_enable_rebalance: bool
+    dynamic_schedule_fold_hybrid_sync: bool = False
+    dynamic_schedule_overlap_wake: bool = False
 
     @property
     def step_required(self) -> int:
@@ -160,6 +162,10 @@ class SwitchCosts:
     hybrid_sync_s: float
     hybrid_sleep_s: float
     monitor_interval_s: float
+    trainer_offload_s: float = 0.0
+    """The trainer's offload before hybrids wake (part of hybrid_sync_s, modelled on its own)."""
+    hybrid_wake_s: float = 0.0
+    """A hybrid's wake (part of hybrid_sync_s); the rest of hybrid_sync_s is its weight sync."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,7 +238,8 @@ def _policy_changes(policy: str) -> dict[str, Any]:
 
 _FLOW_FROM_ASYNC = ("trigger_parameter_sync_step", "staleness_threshold", "require_batches",
                     "partial_rollout", "concurrent_samples_per_replica", "use_dynamic_resource_scheduling",
-                    "dynamic_schedule_deactivate_ratio", "dynamic_schedule_enable_rebalance")
+                    "dynamic_schedule_deactivate_ratio", "dynamic_schedule_enable_rebalance",
+                    "dynamic_schedule_fold_hybrid_sync", "dynamic_schedule_overlap_wake")
 
 
 def _workload(config: Config, samples_per_version: int) -> WorkloadShape:
@@ -289,7 +296,8 @@ def _costs(config: Config) -> SwitchCosts:
     return SwitchCosts(standalone_sync_s=engine.weight_sync_s,
                        hybrid_sync_s=offload_s + engine.wake_s + engine.weight_sync_s,
                        hybrid_sleep_s=engine.sleep_s + offload_s,
-                       monitor_interval_s=monitor_s or ROLLOUTER_MONITOR_INTERVAL_S / config.run.time_scale)
+                       monitor_interval_s=monitor_s or ROLLOUTER_MONITOR_INTERVAL_S / config.run.time_scale,
+                       trainer_offload_s=offload_s, hybrid_wake_s=engine.wake_s)
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pyparse import parse
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_PACKAGES = ("controller", "loadbalancer", "rollouter", "rollout_worker", "trainer")
 FORBIDDEN = {  # package -> top-level packages it must not import
@@ -22,7 +24,7 @@ FORBIDDEN = {  # package -> top-level packages it must not import
 
 def imports(path: Path) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

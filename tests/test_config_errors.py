@@ -37,7 +37,8 @@ MISTAKES = [  # (id, file text or a change to sim_small, what the line must say)
     ("bad_namespace", ("run", "namespace", "*"),
      r"run\.namespace='\*' is invalid: expected letters, digits, '_', '\.' or '-' only"),
     ("unknown_policy", ("async_training", "dynamic_schedule_policy", "bogus"),
-     r"async_training\.dynamic_schedule_policy='bogus' is invalid: expected a registered policy \(default, "),
+     r"async_training\.dynamic_schedule_policy='bogus' is invalid: expected a registered policy "
+     r"\(adaptive, default, "),
     ("bad_policy_module", ("async_training", "dynamic_schedule_policy_module", "no_such_policy_pkg"),
      r"async_training\.dynamic_schedule_policy_module='no_such_policy_pkg' is invalid: cannot import it "
      r"\(ModuleNotFoundError: "),

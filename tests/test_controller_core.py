@@ -77,6 +77,7 @@ def make_core(
     required_samples: int = 10,
     trigger_parameter_sync_step: int = 2,
     staleness_threshold: float = 0.5,
+    fold_hybrid_sync: bool = False,
 ) -> ControllerCore:
     only_hybrid = not standalone_ids
     if policy is None:
@@ -89,7 +90,7 @@ def make_core(
     )
     return ControllerCore(
         policy=policy, ctx=ctx, hybrid_ids=hybrid_ids, standalone_ids=standalone_ids,
-        enable_rebalance=enable_rebalance,
+        enable_rebalance=enable_rebalance, fold_hybrid_sync=fold_hybrid_sync,
     )
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from core import executor as ex
 from core import trainer_cycle as tc
 from core.controller import ControllerCore
@@ -29,7 +31,7 @@ from shared.bus import Bus
 from shared.names import Names
 from shared.schema import TrainerEvent, TrainerPhase, TrainerReply, decode
 from sim.run import Simulation
-from sim.scenario import load_scenario
+from sim.scenario import Scenario, load_scenario
 from tests.stack import sim_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,8 +84,16 @@ class _Handshake:
     reply: TrainerReply | None = None
 
 
-def _record_simulated_run() -> tuple[list[_Handshake], Simulation]:
-    sim = Simulation(load_scenario(SCENARIO).with_policy("default").with_prompts(320))
+def _scenario(policy: str, changes: dict[str, Any] | None = None) -> Scenario:
+    return load_scenario(SCENARIO).with_policy(policy).with_prompts(320).with_changes(changes or {})
+
+
+FAST_SWITCHES = {"async_training.dynamic_schedule_fold_hybrid_sync": True,
+                 "async_training.dynamic_schedule_overlap_wake": True, "trainer.offload_s": 2.0}
+
+
+def _record_simulated_run(scenario: Scenario) -> tuple[list[_Handshake], Simulation]:
+    sim = Simulation(scenario)
     log: list[_Handshake] = []
     perform, perform_trainer = sim._perform, sim._perform_trainer
 
@@ -135,14 +145,19 @@ class _ReplayExecutor:
         return result
 
 
-async def test_the_controller_service_asks_for_exactly_the_operations_the_simulator_performed() -> None:
-    log, sim = _record_simulated_run()
+@pytest.mark.parametrize(("policy", "changes"), [("default", None), ("adaptive", FAST_SWITCHES)])
+async def test_the_controller_service_asks_for_exactly_the_operations_the_simulator_performed(
+        policy: str, changes: dict[str, Any] | None) -> None:
+    """...and so fills the policy's measured context fields identically (the snapshot holds the ctx)."""
+    log, sim = _record_simulated_run(_scenario(policy, changes))
     assert sim.core.activations > 0 and sim.core.deactivations > 0  # the run exercised both switches
-    fresh = Simulation(load_scenario(SCENARIO).with_policy("default").with_prompts(320))
+    assert sim.core.ctx.samples_per_replica_s > 0 and sim.core.ctx.trainer_s_per_micro_step > 0
+    fresh = Simulation(_scenario(policy, changes))
     redis = _FakeRedis()
     controller = Controller(bus=Bus(redis, Names("t")), config=sim_config())  # type: ignore[arg-type]
     clock = [0.0]
-    controller.executor_core = ExecutorCore(core=fresh.core, clock=lambda: clock[0])
+    controller.executor_core = ExecutorCore(core=fresh.core, clock=lambda: clock[0],
+                                            overlap_wake=fresh.executor.overlap_wake)
     replay = _ReplayExecutor(clock)
     controller.executor = replay  # type: ignore[assignment]
     for handshake in log:

@@ -105,6 +105,7 @@ def test_a_micro_step_with_active_hybrids_waits_then_removes_aborts_and_sleeps_t
     assert reply.action is TrainerAction.GPUS_READY
     assert peers.without_audits() == [
         ex.Checkpoint(), ex.AwaitSamples(min_queue_size=7),
+        ex.ReadProgress(),  # the hybrids' window closes: the controller measures what it produced
         ex.SetMembers(replica_ids=H, add=False), ex.SetActiveReplicas(num_replicas=1),
         ex.WorkerCall(replica_ids=H, action=CommandAction.ABORT),
         ex.WorkerCall(replica_ids=H, action=CommandAction.SLEEP),

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from shared import names, vocab
+from tests.pyparse import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("services", "shared", "core", "policies", "sim", "rl", "bench", "tools", "tests")
@@ -67,7 +68,7 @@ def _strings(node: ast.AST) -> Iterator[ast.Constant]:
 def offending_literals(source: str) -> list[tuple[int, str]]:
     """(line, literal) of every vocabulary literal standing for protocol vocabulary in `source`."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(_parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Compare):
             found += [(c.lineno, c.value) for part in [node.left, *node.comparators] for c in _strings(part)
                       if c.value in WORDS]
@@ -85,17 +86,6 @@ def offending_literals(source: str) -> list[tuple[int, str]]:
             elif method in TRANSFERS and node.args:
                 found += [(c.lineno, c.value) for c in _strings(node.args[0]) if c.value in WORDS]
     return sorted(found)
-
-
-def _parse(source: str) -> ast.Module:
-    """ast.parse, retried: CPython 3.11.7 can raise a spurious SystemError ("AST constructor
-    recursion depth mismatch"), seen here once in a few full-suite runs."""
-    for _ in range(3):
-        try:
-            return ast.parse(source)
-        except SystemError:
-            continue
-    return ast.parse(source)
 
 
 def python_files() -> list[str]:

@@ -79,8 +79,12 @@ class Executor:
             return dict(ack.rollout.metrics)
         elif isinstance(op, ex.ReadProgress):
             state = await self._rollouter_state()
+            queue_size = await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
             return ex.RolloutProgress(total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
-                                      completed_steps=int(state.get(F.COMPLETED_STEPS, 1)))
+                                      completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
+                                      queue_size=queue_size, feed_done=state.get(F.FEED_DONE) == "1")
+        elif isinstance(op, ex.Concurrently):
+            return tuple(await asyncio.gather(*(self.perform(sub) for sub in op.ops)))
         elif isinstance(op, ex.Audit):
             await self.bus.record(op.event.to_event(subject=CONSUMER, t=time.time()))
         else:  # Checkpoint is the controller's own (it persists the event in progress)

@@ -67,14 +67,16 @@ def build_core(config: Config) -> ControllerCore:
         only_hybrid=config.only_hybrid, staleness_threshold=at.staleness_threshold)
     return ControllerCore(policy=policy, ctx=ctx, hybrid_ids=config.hybrid_ids,
                           standalone_ids=config.standalone_ids,
-                          enable_rebalance=at.dynamic_schedule_enable_rebalance)
+                          enable_rebalance=at.dynamic_schedule_enable_rebalance,
+                          fold_hybrid_sync=at.dynamic_schedule_fold_hybrid_sync)
 
 
 class Controller:
     def __init__(self, *, bus: Bus, config: Config) -> None:
         self.bus = bus
         self.config = config
-        self.executor_core = ex.ExecutorCore(core=build_core(config), clock=time.monotonic)
+        self.executor_core = ex.ExecutorCore(core=build_core(config), clock=time.monotonic,
+                                             overlap_wake=config.async_training.dynamic_schedule_overlap_wake)
         self.rpc = CommandClient(bus)
         self.force_deactivate_now = asyncio.Event()
         self.executor = Executor(bus=bus, rpc=self.rpc, force_event=self.force_deactivate_now)
@@ -132,7 +134,9 @@ class Controller:
             return
         core_state, self.last_event = load_snapshot(raw, key=self.bus.names.controller_state)
         core = ControllerCore.restore(core_state, policy=self.core.policy)
-        self.executor_core = ex.ExecutorCore(core=core, clock=time.monotonic)
+        self.executor_core = ex.ExecutorCore(
+            core=core, clock=time.monotonic,
+            overlap_wake=self.config.async_training.dynamic_schedule_overlap_wake)
         log.info("restored controller: mode=%s last_event=%s", core.mode, self.last_event)
 
     async def _announce_capacity(self) -> None:

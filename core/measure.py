@@ -1,0 +1,138 @@
+"""What the controller measures for its policy: production per replica-second, trainer time per micro-step.
+
+Where it sits: `core.executor.ExecutorCore` owns one `RateMeter` and feeds it what a real
+controller sees, on its injected clock (time.monotonic live, the virtual clock in the
+simulator): the rollouter's progress readings (`total_generated` at each sync and at each
+deactivation, the `ReadProgress` op), when the standalones and the hybrids start and stop
+serving (the sync and switch commands it executes), and when the trainer's handshakes
+arrive. The executor hands the results to `ControllerCore.record_measurements`, which puts
+them in the policy's context. Nothing here reads the future: every number comes from
+readings already taken when a decision is made.
+
+Windows: the time between two progress readings is one window. A window in which no hybrid
+served measures the standalones; a window in which hybrids served measures the hybrids' extra
+production over what the standalones' measured rate explains. Both are decayed totals
+(samples / replica-seconds, old windows weigh `decay` per newer window), so a drifting
+workload (responses growing over the run) moves the rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WINDOW_DECAY = 0.8
+"""Weight of the totals so far when a new window is added (about the last 5 windows count)."""
+TRAIN_EWMA_ALPHA = 0.3
+"""Weight of the newest trainer micro-step time in its moving average."""
+
+
+@dataclass
+class _Decayed:
+    """A decayed ratio: sum of numerators / sum of denominators, old terms weighted down."""
+
+    num: float = 0.0
+    den: float = 0.0
+
+    def add(self, num: float, den: float) -> None:
+        self.num = WINDOW_DECAY * self.num + num
+        self.den = WINDOW_DECAY * self.den + den
+
+    @property
+    def value(self) -> float:
+        return self.num / self.den if self.den > 0 else 0.0
+
+
+class RateMeter:
+    """Replica-seconds of serving, split by kind, between progress readings; trainer micro-step time."""
+
+    def __init__(self, *, num_standalone: int, num_hybrid: int) -> None:
+        self.num_standalone = num_standalone
+        self.num_hybrid = num_hybrid
+        self.standalones_serving = num_standalone
+        self.hybrids_serving = 0
+        self._segment_start_s: float | None = None
+        self._last_generated: int | None = None
+        self._standalone_rs = 0.0
+        self._hybrid_rs = 0.0
+        self._standalone = _Decayed()
+        self._hybrid_extra = _Decayed()
+        self._cycle = _Decayed()
+        self._fill = _Decayed()
+        self.last_hybrid_window_samples_per_s = 0.0
+        """The latest hybrid window's own fill rate (0 until one closed)."""
+        self._cycle_rs = 0.0
+        self._cycle_generated: int | None = None
+        self.trainer_s_per_micro_step = 0.0
+
+    # ---- inputs ----
+
+    def set_serving(self, now_s: float, *, standalones: int | None = None,
+                    hybrids: int | None = None) -> None:
+        """The number of standalones and/or hybrids serving changes at `now_s`."""
+        self._close_segment(now_s)
+        if standalones is not None:
+            self.standalones_serving = standalones
+        if hybrids is not None:
+            self.hybrids_serving = hybrids
+
+    def read_progress(self, now_s: float, total_generated: int, *, cycle_end: bool = False) -> None:
+        """A progress reading: closes the window since the previous one (the first only starts one);
+        `cycle_end` (the reading at a sync) also closes the sync cycle's window."""
+        self._close_segment(now_s)
+        self._cycle_rs += self._standalone_rs + self._hybrid_rs
+        if cycle_end:
+            if self._cycle_generated is not None and self._cycle_rs > 0:
+                self._cycle.add(max(0, total_generated - self._cycle_generated), self._cycle_rs)
+            self._cycle_generated, self._cycle_rs = total_generated, 0.0
+        if self._last_generated is not None:
+            produced = max(0, total_generated - self._last_generated)
+            if self._hybrid_rs > 0:
+                explained = self.standalone_samples_per_replica_s * self._standalone_rs
+                self._hybrid_extra.add(produced - explained, self._hybrid_rs)
+                window_s = self._hybrid_rs / max(1, self.num_hybrid)
+                self._fill.add(produced, window_s)
+                self.last_hybrid_window_samples_per_s = produced / window_s
+            elif self._standalone_rs > 0:
+                self._standalone.add(produced, self._standalone_rs)
+        self._last_generated = total_generated
+        self._standalone_rs = self._hybrid_rs = 0.0
+
+    def record_micro_step(self, train_s: float) -> None:
+        """One micro-step took the trainer `train_s` from its collection to its next handshake."""
+        if train_s < 0:
+            return
+        if self.trainer_s_per_micro_step <= 0:
+            self.trainer_s_per_micro_step = train_s
+        else:
+            self.trainer_s_per_micro_step += TRAIN_EWMA_ALPHA * (train_s - self.trainer_s_per_micro_step)
+
+    # ---- outputs ----
+
+    @property
+    def standalone_samples_per_replica_s(self) -> float:
+        return self._standalone.value
+
+    @property
+    def hybrid_window_samples_per_s(self) -> float:
+        """Samples enqueued per second of hybrid serving in the hybrid windows, everything included:
+        how fast the queue fills while the trainer waits with its GPUs lent (0 until measured)."""
+        return self._fill.value
+
+    @property
+    def samples_per_replica_s(self) -> float:
+        """Samples per serving replica-second over whole sync cycles, both kinds pooled: work a hybrid
+        left unfinished at its deactivation completes on a standalone within the cycle, so this counts
+        it, where the per-window rates do not."""
+        return self._cycle.value
+
+    @property
+    def hybrid_samples_per_replica_s(self) -> float:
+        """Extra production per hybrid replica-second (never negative; 0 until a hybrid window closed)."""
+        return max(0.0, self._hybrid_extra.value)
+
+    def _close_segment(self, now_s: float) -> None:
+        if self._segment_start_s is not None:
+            dt = max(0.0, now_s - self._segment_start_s)
+            self._standalone_rs += dt * self.standalones_serving
+            self._hybrid_rs += dt * self.hybrids_serving
+        self._segment_start_s = now_s

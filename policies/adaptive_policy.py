@@ -1,0 +1,247 @@
+"""Built-in "adaptive" policy: switch thresholds from what the controller measured, not a drifting ratio.
+
+Where it sits: registered under "adaptive", chosen by config (`dynamic_schedule_policy`), called
+by the controller core in the seed's order with the seed's signatures. Pure: it reads only the
+context, which the controller core fills from measurements a live controller has at that moment
+(core/measure.py): samples enqueued per replica-second by standalones and by hybrids, the
+trainer's seconds per micro-step, the measured switch durations, and the flow-control limits.
+
+The model (a fluid queue over one sync cycle of `trigger` micro-steps of `required` samples):
+
+- Without hybrids the standalones fill the queue at P_s samples/s; a micro-step that finds fewer
+  than `required` queued waits for the rest. `static_idle` = the trainer's predicted wait.
+- With hybrids, the first micro-step waits until X samples are queued, produced at P_s + P_h,
+  then pays the switch (activation + deactivation + the trainer's offload/onload, measured) while
+  the standalones keep producing, then trains the cycle at P_s. `dynamic_idle(X)` = its waits plus
+  the switch.
+- X is capped at the carry-over limit (max_required - step_required): past it the wait is for
+  samples started *in* this version, a latency the extra replicas barely shorten.
+- Rates: P_s and P_h come from the per-replica rate pooled over whole sync cycles (it credits a
+  hybrid's work finished on a standalone after the deactivation); the queue fills during the
+  window at the rate measured in the hybrid windows (slower: a window is short against a sample's
+  latency), and what the pooled rate produced beyond it is credited after the switch.
+- Activate iff static_idle - min_X dynamic_idle(X) > MIN_GAIN_FRACTION x the cycle's training time,
+  and deactivate at that X.
+
+Every threshold is in the controller's own seconds or relative to a measured duration, so the
+policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
+activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
+samples anyway) and deactivates at `required` samples; an unmeasured switch part counts as one
+micro-step of training; it stays asleep once the feed is done. The rebalance is measured too: each
+choice is tried, the one whose windows filled the queue faster is kept (`request_rebalance`).
+Every decision's numbers are kept in `last_decision` and audited.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
+
+SWITCH_COST_EWMA = 0.5
+"""Weight of the newest measured activation / deactivation in their moving averages."""
+MIN_GAIN_FRACTION = 0.04
+"""An activation must be predicted to save this fraction of the cycle's training time (about 1 s on
+the seed scenario's 25 s cycle): a switch for a smaller gain is within the model's error."""
+REBALANCE_TRIALS = 2
+"""Activations tried with and without the rebalance before the measured better one is kept."""
+REBALANCE_RETRY_EVERY = 8
+"""After the trials, every this-many activations re-measure the other choice (workloads drift)."""
+REBALANCE_MEMORY = 10
+"""Windows a choice's mean fill rate remembers."""
+
+
+def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float) -> float:
+    """Trainer seconds spent waiting over `micro_steps` micro-steps, starting with `queued` samples and
+    producing `rate` samples/s throughout (fluid model)."""
+    idle = 0.0
+    for _ in range(micro_steps):
+        if queued < required:
+            if rate <= 0:
+                return float("inf")
+            wait = (required - queued) / rate
+            idle += wait
+            queued = required
+        queued += rate * train_s - required
+    return idle
+
+
+@register_policy("adaptive")
+class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
+    """Activate when the measured rates predict the trainer saves more idle time than the switch costs."""
+
+    def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
+        super().__init__(deactivate_ratio, only_hybrid)
+        self.activate_cost_s = 0.0
+        """Moving average of measured activation durations (0: none measured yet)."""
+        self.deactivate_cost_s = 0.0
+        """Moving average of measured deactivation durations plus the trainer's offload/onload."""
+        self.planned_wait_samples = 0
+        """The X chosen when activating; the next deactivation waits for it."""
+        self.rebalance_rates: dict[str, list[float]] = {"rebalance": [0.0, 0.0], "skip": [0.0, 0.0]}
+        """Per choice: [moving average of the hybrid window's measured fill rate, windows measured]."""
+        self.pending_rebalance_choice = ""
+        """The choice made at the last activation, credited when its window's rate is known."""
+        self.rebalance_decisions = 0
+        self.last_decision: dict[str, Any] = {}
+
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        if self.only_hybrid:
+            wait = ctx.step_required_samples
+        else:
+            wait = self.planned_wait_samples or self._best_wait(ctx)[0]
+        self.planned_wait_samples = 0
+        self.last_decision = {"decision": "deactivate", "wait_for_samples": wait,
+                              "carry_over_limit": ctx.carry_over_limit_samples}
+        return wait
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        self._credit_rebalance_choice(ctx)
+        surplus = _queued(ctx)
+        if self.only_hybrid:
+            self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
+            return True
+        if ctx.feed_done:
+            self.planned_wait_samples = 0
+            self.last_decision = {"decision": "stay", "queued": surplus,
+                                  "why": "feed done: no new sample will start, lent GPUs would only idle"}
+            return False
+        standalone_rate, hybrid_rate = self._rates(ctx)
+        if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
+            activate = surplus < ctx.required_samples
+            self.planned_wait_samples = ctx.required_samples if activate else 0
+            self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,
+                                  "why": "nothing measured yet: activate iff the queue cannot feed a "
+                                         "micro-step",
+                                  "wait_for_samples": self.planned_wait_samples}
+            return activate
+        static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
+                                   required=ctx.required_samples,
+                                   micro_steps=ctx.trigger_parameter_sync_step,
+                                   train_s=ctx.trainer_s_per_micro_step)
+        wait, dynamic_idle = self._best_wait(ctx)
+        min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
+        activate = static_idle - dynamic_idle > min_gain_s
+        self.planned_wait_samples = wait if activate else 0
+        self.last_decision = {
+            "decision": "activate" if activate else "stay", "queued": surplus,
+            "standalone_samples_per_s": round(standalone_rate, 4),
+            "hybrid_samples_per_s": round(hybrid_rate, 4),
+            "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
+            "switch_cost_s": round(self.switch_cost_s(ctx), 3), "static_idle_s": round(static_idle, 3),
+            "min_gain_s": round(min_gain_s, 3),
+            "dynamic_idle_s": round(dynamic_idle, 3), "wait_for_samples": wait,
+            "carry_over_limit": ctx.carry_over_limit_samples}
+        return activate
+
+    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
+        """Rebalance or not, by measurement: a rebalance aborts every serving replica (their in-flight
+        work is re-prefilled) to spread it onto the empty hybrids; whether that fills the queue faster
+        depends on how much a smaller batch speeds decoding. Each choice is tried REBALANCE_TRIALS
+        times, then the one whose windows filled faster is kept, the other re-tried now and then."""
+        counts = {choice: stats[1] for choice, stats in self.rebalance_rates.items()}
+        means = {choice: stats[0] for choice, stats in self.rebalance_rates.items()}
+        untried = [choice for choice in ("skip", "rebalance") if counts[choice] < REBALANCE_TRIALS]
+        self.rebalance_decisions += 1
+        if untried:
+            choice, why = untried[0], "trying each choice"
+        else:
+            best = max(means, key=lambda c: (means[c], c == "skip"))
+            other = "rebalance" if best == "skip" else "skip"
+            retry = self.rebalance_decisions % REBALANCE_RETRY_EVERY == 0
+            if retry:
+                choice, why = other, "re-measuring the other choice"
+            else:
+                choice, why = best, "faster fill measured"
+        self.pending_rebalance_choice = choice
+        self.last_decision["rebalance"] = {"choice": choice, "why": why,
+                                           "fill_samples_per_s": {c: round(m, 4) for c, m in means.items()},
+                                           "windows": counts}
+        return None if choice == "rebalance" else False
+
+    def _credit_rebalance_choice(self, ctx: DynamicScheduleContext) -> None:
+        choice, rate = self.pending_rebalance_choice, ctx.last_hybrid_window_samples_per_s
+        if choice and rate > 0:
+            stats = self.rebalance_rates[choice]
+            stats[1] += 1  # the mean of the last ~REBALANCE_MEMORY windows: one noisy window must not flip it
+            stats[0] += (rate - stats[0]) / min(stats[1], REBALANCE_MEMORY)
+        self.pending_rebalance_choice = ""
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
+        # The initial sync's activation is a measurement too: without it the prior (in the controller's
+        # seconds, whatever the run's time scale) would gate the next activations.
+        if self.only_hybrid:
+            return
+        if ctx.last_activate_duration_s > 0:
+            self.activate_cost_s = _ewma(self.activate_cost_s, ctx.last_activate_duration_s)
+        deactivate_s = ctx.last_deactivate_duration_s + ctx.last_switch_overhead_s
+        if deactivate_s > 0:
+            self.deactivate_cost_s = _ewma(self.deactivate_cost_s, deactivate_s)
+
+    # ---- the model (pure helpers) ----
+
+    def switch_cost_s(self, ctx: DynamicScheduleContext) -> float:
+        """Measured activation + deactivation (+ trainer offload/onload); a part not measured yet counts
+        as one micro-step of training (a prior in the run's own time units)."""
+        prior_s = ctx.trainer_s_per_micro_step
+        return (self.activate_cost_s or prior_s) + (self.deactivate_cost_s or prior_s)
+
+    def _rates(self, ctx: DynamicScheduleContext) -> tuple[float, float]:
+        """(P_s, P_h) in samples/s from the per-replica rate pooled over whole cycles (hybrid work left
+        unfinished at a deactivation completes on a standalone, so a window's rate under-counts it);
+        before a cycle closed, the standalones' window rate."""
+        per_replica = ctx.samples_per_replica_s or ctx.standalone_samples_per_replica_s
+        return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_hybrid_replicas
+
+    @staticmethod
+    def _fill_rate(ctx: DynamicScheduleContext) -> float:
+        """Samples/s the queue gained while hybrids served (the windows' measured rates; 0 if unmeasured):
+        slower than the pooled rate, since a window is short against a sample's latency."""
+        return ctx.hybrid_window_samples_per_s
+
+    def _best_wait(self, ctx: DynamicScheduleContext) -> tuple[int, float]:
+        """(X, dynamic_idle(X)) minimising the predicted idle over X in [required, carry-over limit]."""
+        best = (ctx.required_samples, float("inf"))
+        for wait in range(ctx.required_samples, max(ctx.required_samples, ctx.carry_over_limit_samples) + 1):
+            idle = self._dynamic_idle(ctx, wait=wait)
+            if idle < best[1] - 1e-9:
+                best = (wait, idle)
+        return best
+
+    def _dynamic_idle(self, ctx: DynamicScheduleContext, *, wait: int) -> float:
+        """Trainer idle of a cycle with hybrids lent until `wait` samples are queued: the queue fills at
+        the measured window rate F; what the replicas produce at the pooled rate beyond F in that time is
+        work in flight (a hybrid's is resumed on a standalone) and is credited after the switch."""
+        standalone_rate, hybrid_rate = self._rates(ctx)
+        if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
+            return float("inf")
+        pooled = standalone_rate + hybrid_rate
+        fill_rate = min(pooled, self._fill_rate(ctx) or pooled)
+        surplus = max(0, _queued(ctx))
+        switch_s = self.switch_cost_s(ctx)
+        fill_s = max(0, wait - surplus) / fill_rate
+        queued = max(wait, surplus) + standalone_rate * switch_s + (pooled - fill_rate) * fill_s
+        return fill_s + switch_s + cycle_idle_s(
+            queued=queued, rate=standalone_rate, required=ctx.required_samples,
+            micro_steps=ctx.trigger_parameter_sync_step, train_s=ctx.trainer_s_per_micro_step)
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["measured_switch_cost_s"] = self.activate_cost_s + self.deactivate_cost_s
+        return info
+
+
+def _queued(ctx: DynamicScheduleContext) -> int:
+    """Samples queued at the sync: read by the controller, else the seed's total_generated - expected."""
+    return ctx.queue_size if ctx.queue_size >= 0 else ctx.total_generated_samples - ctx.expected_samples
+
+
+def _ewma(average: float, value: float) -> float:
+    return value if average <= 0 else average + SWITCH_COST_EWMA * (value - average)

@@ -1,0 +1,232 @@
+"""Pure unit tests of the "adaptive" policy and of what the controller measures for it (core.measure)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from core.measure import RateMeter
+from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
+from policies.adaptive_policy import cycle_idle_s
+
+
+def make_ctx(
+    *,
+    required_samples: int = 16,
+    trigger_parameter_sync_step: int = 4,
+    staleness_threshold: float = 0.5,
+    surplus: int = 0,
+    samples_per_replica_s: float = 0.0,
+    standalone_samples_per_replica_s: float = 0.0,
+    hybrid_window_samples_per_s: float = 0.0,
+    trainer_s_per_micro_step: float = 0.0,
+    num_standalone_replicas: int = 2,
+    num_hybrid_replicas: int = 2,
+) -> DynamicScheduleContext:
+    ctx = DynamicScheduleContext(required_samples=required_samples,
+                                 trigger_parameter_sync_step=trigger_parameter_sync_step,
+                                 staleness_threshold=staleness_threshold,
+                                 num_standalone_replicas=num_standalone_replicas,
+                                 num_hybrid_replicas=num_hybrid_replicas)
+    ctx.expected_samples = 10 * ctx.step_required_samples
+    ctx.total_generated_samples = ctx.expected_samples + surplus
+    ctx.samples_per_replica_s = samples_per_replica_s
+    ctx.standalone_samples_per_replica_s = standalone_samples_per_replica_s
+    ctx.hybrid_window_samples_per_s = hybrid_window_samples_per_s
+    ctx.trainer_s_per_micro_step = trainer_s_per_micro_step
+    return ctx
+
+
+def make_adaptive(*, only_hybrid: bool = False) -> AdaptiveDynamicSchedulePolicy:
+    policy = build_policy("adaptive", deactivate_ratio=0.3, only_hybrid=only_hybrid)
+    assert isinstance(policy, AdaptiveDynamicSchedulePolicy)
+    return policy
+
+
+def production_bound(**overrides: float) -> DynamicScheduleContext:
+    """Seed-like: 2 + 2 replicas at 0.75 samples/s each, 6 s micro-steps of 16 samples, queue 10."""
+    values = {"surplus": 10, "samples_per_replica_s": 0.75, "standalone_samples_per_replica_s": 0.9,
+              "hybrid_window_samples_per_s": 1.2, "trainer_s_per_micro_step": 6.0, **overrides}
+    return make_ctx(**values)  # type: ignore[arg-type]
+
+
+# ---- the fluid model ----
+
+
+def test_a_queue_that_outpaces_the_trainer_predicts_no_idle():
+    assert cycle_idle_s(queued=16, rate=3.0, required=16, micro_steps=4, train_s=6.0) == 0.0
+
+
+def test_an_empty_queue_waits_for_the_first_micro_step_at_the_production_rate():
+    idle = cycle_idle_s(queued=0, rate=4.0, required=16, micro_steps=1, train_s=6.0)
+    assert idle == pytest.approx(4.0)
+
+
+def test_no_production_and_a_short_queue_predict_an_endless_wait():
+    assert math.isinf(cycle_idle_s(queued=0, rate=0.0, required=16, micro_steps=1, train_s=6.0))
+
+
+# ---- decisions ----
+
+
+def test_the_carry_over_limit_is_max_required_minus_step_required():
+    ctx = make_ctx(required_samples=16, trigger_parameter_sync_step=4, staleness_threshold=0.5)
+    assert (ctx.max_required_samples, ctx.carry_over_limit_samples) == (96, 32)
+
+
+def test_with_nothing_measured_it_activates_when_the_queue_cannot_feed_one_micro_step():
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(0, False, make_ctx(surplus=-64)) is True
+    assert policy.deactivate_wait_samples(make_ctx()) == 16
+
+
+def test_with_nothing_measured_a_queue_that_feeds_a_micro_step_keeps_the_hybrids_asleep():
+    assert make_adaptive().should_activate_after_step(4, False, make_ctx(surplus=20)) is False
+
+
+def test_a_production_bound_cycle_activates_and_waits_for_at_most_the_carry_over_limit():
+    policy = make_adaptive()
+    ctx = production_bound()
+    assert policy.should_activate_after_step(8, False, ctx) is True
+    decision = policy.last_decision
+    assert decision["static_idle_s"] - decision["dynamic_idle_s"] > decision["min_gain_s"] > 0
+    wait = policy.deactivate_wait_samples(ctx)
+    assert ctx.required_samples <= wait <= ctx.carry_over_limit_samples
+    assert wait == decision["wait_for_samples"]
+
+
+def test_a_consumption_bound_cycle_never_activates():
+    ctx = production_bound(surplus=30, samples_per_replica_s=3.0, standalone_samples_per_replica_s=3.0)
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(8, False, ctx) is False
+    assert policy.last_decision["static_idle_s"] == 0.0
+
+
+def test_an_expensive_measured_switch_keeps_the_hybrids_asleep():
+    policy = make_adaptive()
+    ctx = production_bound()
+    ctx.last_activate_duration_s, ctx.last_deactivate_duration_s = 60.0, 60.0
+    policy.update_after_step(8, ctx)
+    assert policy.switch_cost_s(ctx) == pytest.approx(120.0)
+    assert policy.should_activate_after_step(12, False, production_bound()) is False
+
+
+def test_a_switch_part_not_measured_yet_counts_as_one_micro_step_of_training():
+    policy = make_adaptive()
+    ctx = make_ctx(trainer_s_per_micro_step=6.0)
+    assert policy.switch_cost_s(ctx) == 12.0
+    ctx.last_activate_duration_s = 2.0
+    policy.update_after_step(4, ctx)
+    assert policy.switch_cost_s(ctx) == 2.0 + 6.0
+    ctx.last_activate_duration_s, ctx.last_deactivate_duration_s, ctx.last_switch_overhead_s = 0.0, 3.0, 1.0
+    policy.update_after_step(8, ctx)
+    assert policy.switch_cost_s(ctx) == pytest.approx(2.0 + 4.0)
+
+
+def test_the_decision_is_the_same_in_any_time_unit():
+    """A time-scaled sim run measures wall seconds: every threshold scales with the measurements."""
+    fast, slow = make_adaptive(), make_adaptive()
+    ctx = production_bound()
+    scaled = production_bound(samples_per_replica_s=0.75 * 20, standalone_samples_per_replica_s=0.9 * 20,
+                              hybrid_window_samples_per_s=1.2 * 20, trainer_s_per_micro_step=6.0 / 20)
+    assert fast.should_activate_after_step(8, False, ctx) == slow.should_activate_after_step(8, False, scaled)
+    assert fast.last_decision["wait_for_samples"] == slow.last_decision["wait_for_samples"]
+    assert fast.last_decision["static_idle_s"] == pytest.approx(20 * slow.last_decision["static_idle_s"],
+                                                                rel=1e-2)
+
+
+def test_the_initial_sync_activation_counts_as_a_measured_switch():
+    policy = make_adaptive()
+    ctx = make_ctx()
+    ctx.last_activate_duration_s = 0.5
+    policy.update_after_step(0, ctx)
+    assert policy.activate_cost_s == 0.5
+
+
+def test_the_rebalance_is_always_vetoed():
+    assert make_adaptive().request_rebalance(4, production_bound()) is False
+
+
+def test_colocated_mode_always_activates_and_waits_for_a_full_cycle():
+    policy = make_adaptive(only_hybrid=True)
+    ctx = make_ctx(num_standalone_replicas=0)
+    assert policy.should_activate_after_step(4, False, ctx) is True
+    assert policy.deactivate_wait_samples(ctx) == ctx.step_required_samples
+
+
+def test_every_decision_is_explained_with_the_numbers_it_compared():
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, production_bound())
+    explained = policy.explain_last_decision()
+    for key in ("decision", "queued", "standalone_samples_per_s", "hybrid_samples_per_s",
+                "trainer_s_per_micro_step", "switch_cost_s", "static_idle_s", "dynamic_idle_s",
+                "wait_for_samples", "carry_over_limit"):
+        assert key in explained
+    policy.deactivate_wait_samples(production_bound())
+    assert policy.explain_last_decision()["decision"] == "deactivate"
+
+
+def test_the_policy_state_survives_a_state_dict_round_trip():
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, production_bound())
+    restored = make_adaptive()
+    restored.load_state_dict(policy.state_dict())
+    assert restored.planned_wait_samples == policy.planned_wait_samples
+    assert restored.last_decision == policy.last_decision
+
+
+# ---- core.measure ----
+
+
+def test_the_meter_measures_standalone_production_per_replica_second_between_readings():
+    meter = RateMeter(num_standalone=2, num_hybrid=2)
+    meter.read_progress(0.0, 0, cycle_end=True)
+    meter.read_progress(10.0, 20, cycle_end=True)
+    assert meter.standalone_samples_per_replica_s == pytest.approx(1.0)
+    assert meter.samples_per_replica_s == pytest.approx(1.0)
+    assert meter.hybrid_samples_per_replica_s == 0.0
+
+
+def test_the_meter_credits_hybrids_only_with_what_the_standalones_rate_does_not_explain():
+    meter = RateMeter(num_standalone=2, num_hybrid=2)
+    meter.read_progress(0.0, 0, cycle_end=True)
+    meter.read_progress(10.0, 20)  # standalones alone: 1 sample per replica-second
+    meter.set_serving(10.0, hybrids=2)
+    meter.read_progress(20.0, 50)  # 30 samples in 10 s: 20 explained by the standalones
+    assert meter.hybrid_samples_per_replica_s == pytest.approx(0.5)
+    assert meter.hybrid_window_samples_per_s == pytest.approx(3.0)
+
+
+def test_the_meter_counts_no_serving_time_while_the_standalones_sync():
+    meter = RateMeter(num_standalone=2, num_hybrid=0)
+    meter.read_progress(0.0, 0, cycle_end=True)
+    meter.set_serving(0.0, standalones=0)
+    meter.set_serving(5.0, standalones=2)
+    meter.read_progress(15.0, 20, cycle_end=True)
+    assert meter.standalone_samples_per_replica_s == pytest.approx(1.0)
+
+
+def test_the_meter_averages_trainer_micro_steps_and_ignores_negative_durations():
+    meter = RateMeter(num_standalone=1, num_hybrid=1)
+    meter.record_micro_step(6.0)
+    meter.record_micro_step(-1.0)
+    assert meter.trainer_s_per_micro_step == 6.0
+    meter.record_micro_step(16.0)
+    assert 6.0 < meter.trainer_s_per_micro_step < 16.0
+
+
+def test_the_queue_read_at_the_sync_replaces_the_seed_estimate_of_it():
+    ctx = production_bound(surplus=-32)
+    ctx.queue_size = 40
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, ctx)
+    assert policy.last_decision["queued"] == 40
+
+
+def test_once_every_prompt_was_fed_the_hybrids_stay_asleep():
+    ctx = production_bound(surplus=0)
+    ctx.feed_done = True
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(8, False, ctx) is False
+    assert "feed done" in policy.last_decision["why"]
