@@ -166,6 +166,15 @@ class RolloutConfig:
     """Same for hybrids: 'filesystem', 'ipc' (CUDA IPC on the trainer's GPUs) or 'gloo'."""
     weight_transfer_address: str = "127.0.0.1"
     """The trainer's address as the workers reach it (nccl/gloo rendezvous)."""
+    weight_transfer_port: int = 0
+    """The trainer's rendezvous port (nccl/gloo), published for workers on other hosts; a second
+    push group (hybrids on gloo) takes the next port. 0: a free port per group (one host only)."""
+    weight_push_timeout_s: float = 300.0
+    """Deadline of one push (trainer) and of one push step (worker): past it the trainer aborts its
+    communicator and the worker exits to be restarted (docs/real_training.md)."""
+    hybrid_kv_cache_memory_bytes: int = 0
+    """vLLM's kv_cache_memory_bytes for hybrids (0: sized from gpu_memory_utilization); what a
+    hybrid re-allocates on every wake on the trainer's GPU."""
     sim: SimEngineConfig = field(default_factory=SimEngineConfig)
 
     def __post_init__(self) -> None:
@@ -183,6 +192,11 @@ class RolloutConfig:
                "'filesystem', 'nccl' or 'gloo'")
         _check(self.hybrid_weight_transport in ("filesystem", "ipc", "gloo"), "rollout.hybrid_weight_transport",
                self.hybrid_weight_transport, "'filesystem', 'ipc' or 'gloo'")
+        _check(0 <= self.weight_transfer_port < 65535, "rollout.weight_transfer_port", self.weight_transfer_port,
+               "0 (a free port) or a TCP port below 65535")
+        _check(self.weight_push_timeout_s > 0, "rollout.weight_push_timeout_s", self.weight_push_timeout_s, "> 0")
+        _check(self.hybrid_kv_cache_memory_bytes >= 0, "rollout.hybrid_kv_cache_memory_bytes",
+               self.hybrid_kv_cache_memory_bytes, ">= 0")
 
     @property
     def num_standalone_gpus(self) -> int:

@@ -10,6 +10,7 @@ is installed.
 from __future__ import annotations
 
 import datetime
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -24,12 +25,17 @@ from vllm.distributed.weight_transfer.nccl_engine import (
     NCCLWeightTransferUpdateInfo,
 )
 
-from shared.weight_transfer import TIMEOUT_S
+from shared.weight_transfer import TIMEOUT_S, PushAborted
 
 
 class GlooCommunicator:
     """The slice of vLLM's PyNcclCommunicator the NCCL engines use, on a gloo process group.
-    Rank 0 (the trainer) hosts the rendezvous store."""
+    Rank 0 (the trainer) hosts the rendezvous store.
+
+    `abort()` is the twin of NCCL's `ncclCommAbort`: a broadcast blocked on a peer that stopped
+    returns at once with PushAborted. gloo's own `ProcessGroup.abort()` does not release a pending
+    op (tried on torch 2.13: the op waits for the peer's socket to close or gloo's timeout), so the
+    wait here is on the op's future and the abort flag together."""
 
     def __init__(self, *, master_address: str, master_port: int, rank: int, world_size: int) -> None:
         timeout = datetime.timedelta(seconds=TIMEOUT_S)
@@ -37,15 +43,37 @@ class GlooCommunicator:
                                          timeout=timeout, wait_for_workers=False)
         self._group: Any = dist.ProcessGroupGloo(dist.PrefixStore("dynsched-weights", self._store),
                                                  rank, world_size, timeout)
+        self._aborted = threading.Event()
+        self._pending: threading.Event | None = None
 
     def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
+        if self._group is None or self._aborted.is_set():
+            raise PushAborted("the gloo weight group was aborted")
         options = dist.BroadcastOptions()
         options.rootRank = src
-        self._group.broadcast([tensor], options).wait()
+        work = self._group.broadcast([tensor], options)
+        finished = self._pending = threading.Event()
+        if self._aborted.is_set():  # abort() ran between the check above and `_pending`
+            finished.set()
+        work.get_future().add_done_callback(lambda _: finished.set())
+        finished.wait()
+        if self._aborted.is_set():
+            raise PushAborted("the gloo weight group was aborted during a broadcast")
+        work.wait()  # the op's own error, e.g. a peer's socket closed
+
+    def abort(self) -> None:
+        """Release a blocked broadcast (from another thread); later ones raise at once."""
+        self._aborted.set()
+        if self._pending is not None:
+            self._pending.set()
 
     def destroy(self) -> None:
-        self._group = None
-        self._store = None
+        self.abort()
+        # A gloo group whose op still waits on a stopped peer blocks its destructor until that op
+        # ends (the peer's socket closes, or gloo's timeout): let it end on a daemon thread.
+        refs = [self._group, self._store]
+        self._group = self._store = None
+        threading.Thread(target=refs.clear, name="gloo-group-drop", daemon=True).start()
 
 
 @dataclass

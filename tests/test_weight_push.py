@@ -8,13 +8,13 @@ import pickle
 
 import pytest
 
-from core.replica import ReplicaState, transition
+from core.replica import WEIGHT_ACTIONS, IllegalReplicaTransition, ReplicaState, transition
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus
 from shared.names import Names
 from shared.rpc import CommandClient
 from shared.streams import connect
-from shared.weight_transfer import init_info_for, wire_safe
+from shared.weight_transfer import init_info_for, push_groups, wire_safe
 
 
 def test_each_replica_joins_the_group_after_the_trainer_and_the_replicas_before_it():
@@ -38,10 +38,24 @@ def test_ipc_handles_travel_pickled_and_other_payloads_untouched():
     assert wire_safe(nccl) is nccl
 
 
-@pytest.mark.parametrize("state", list(ReplicaState))
-@pytest.mark.parametrize("action", ["weights_init", "weights_start", "weights_update", "weights_finish"])
-def test_push_steps_are_legal_in_every_replica_state_and_change_nothing(state, action):
+@pytest.mark.parametrize("state", [ReplicaState.PAUSED, ReplicaState.SERVING])
+@pytest.mark.parametrize("action", sorted(WEIGHT_ACTIONS))
+def test_weight_commands_are_legal_while_awake_and_change_nothing(state, action):
     assert transition(state, action) is state
+
+
+@pytest.mark.parametrize("action", sorted(WEIGHT_ACTIONS))
+def test_a_weight_command_replayed_to_a_sleeping_replica_is_refused_and_wake_then_sync_still_works(action):
+    with pytest.raises(IllegalReplicaTransition, match="while sleeping: wake it first"):
+        transition(ReplicaState.SLEEPING, action)
+    awake = transition(ReplicaState.SLEEPING, "wake")  # the controller's order: wake, sync, resume
+    assert transition(transition(awake, action), "resume") is ReplicaState.SERVING
+
+
+def test_an_ipc_push_goes_to_one_replica_at_a_time_and_a_broadcast_to_the_whole_group():
+    assert push_groups("ipc", ["hybrid_0", "hybrid_1"]) == [("hybrid_0",), ("hybrid_1",)]
+    assert push_groups("nccl", ["standalone_0", "standalone_1"]) == [("standalone_0", "standalone_1")]
+    assert push_groups("gloo", []) == []
 
 
 async def test_a_push_call_gives_up_at_once_when_a_target_worker_dies_instead_of_waiting_for_its_ack(

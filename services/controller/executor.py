@@ -21,6 +21,7 @@ from shared.bus import Bus, text
 from shared.names import TRAINER_GROUP
 from shared.rpc import CommandClient
 from shared.streams import group_lag
+from shared.weight_transfer import push_groups
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -114,12 +115,17 @@ class Executor:
         transports = {self.transports.get(r, "") for r in replica_ids}
         transport = transports.pop() if len(transports) == 1 else ""
         if transport and self.push is not None and replica_ids and all(await self._alive(replica_ids)):
-            report.pushes += 1
-            if await self.push(replica_ids, version, transport):
+            fallback: list[str] = []
+            for group in push_groups(transport, replica_ids):  # ipc: per replica, each fails alone
+                report.pushes += 1
+                if not await self.push(group, version, transport):
+                    report.push_fallbacks += 1
+                    fallback.extend(group)
+                    log.warning("%s push of v%d to %s failed: falling back to the filesystem", transport,
+                                version, list(group))
+            replica_ids = tuple(fallback)
+            if not replica_ids:
                 return
-            report.push_fallbacks += 1
-            log.warning("%s push of v%d to %s failed: falling back to the filesystem", transport, version,
-                        list(replica_ids))
         await self._workers(replica_ids, "update_weights", version=version, weights_path=self.weights_path)
 
     async def _alive(self, replica_ids: tuple[str, ...]) -> list[bool]:

@@ -272,7 +272,9 @@ class VllmEngine:
         'init' (join the trainer's group), 'start', 'update' (receive a chunk), 'finish'.
 
         Call start..finish while paused, as for `load_weights`. A push that died between
-        start and finish left vLLM's update session open: a new start closes it first.
+        start and finish left vLLM's update session open: a new start closes it first. A failed
+        update closes it by itself (vLLM's worker clears its session flag when update_weights
+        raises), so this mirrors that: the next start must not finish a session vLLM dropped.
         """
         from vllm.distributed.weight_transfer.base import (
             WeightTransferInitRequest,
@@ -286,11 +288,16 @@ class VllmEngine:
         elif step == "start":
             if self._push_open:
                 log.warning("closing a weight push that never finished")
+                self._push_open = False
                 await self._llm.finish_weight_update()
             await self._llm.start_weight_update()
             self._push_open = True
         elif step == "update":
-            await self._llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+            try:
+                await self._llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+            except BaseException:
+                self._push_open = False  # as vLLM's worker: a failed update ends the session
+                raise
         elif step == "finish":
             await self._llm.finish_weight_update()
             self._push_open = False
