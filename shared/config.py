@@ -192,9 +192,10 @@ class RolloutConfig:
                "'filesystem', 'nccl' or 'gloo'")
         _check(self.hybrid_weight_transport in ("filesystem", "ipc", "gloo"), "rollout.hybrid_weight_transport",
                self.hybrid_weight_transport, "'filesystem', 'ipc' or 'gloo'")
-        _check(0 <= self.weight_transfer_port < 65535, "rollout.weight_transfer_port", self.weight_transfer_port,
-               "0 (a free port) or a TCP port below 65535")
-        _check(self.weight_push_timeout_s > 0, "rollout.weight_push_timeout_s", self.weight_push_timeout_s, "> 0")
+        _check(0 <= self.weight_transfer_port < 65535, "rollout.weight_transfer_port",
+               self.weight_transfer_port, "0 (a free port) or a TCP port below 65535")
+        _check(self.weight_push_timeout_s > 0, "rollout.weight_push_timeout_s",
+               self.weight_push_timeout_s, "> 0")
         _check(self.hybrid_kv_cache_memory_bytes >= 0, "rollout.hybrid_kv_cache_memory_bytes",
                self.hybrid_kv_cache_memory_bytes, ">= 0")
 

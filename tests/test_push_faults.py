@@ -156,8 +156,8 @@ async def _ack(bus: Bus, command_id: str) -> Any:
 async def test_a_worker_stuck_in_a_push_exits_and_its_replacement_refuses_the_old_groups_steps(redis_server):
     bus = Bus(connect(redis_server.url), Names("test"))
     engine = _StuckEngine()
-    worker = RolloutWorker(bus=bus, replica_id="standalone_0", engine=engine, initial_state=ReplicaState.PAUSED,
-                           incarnation="old", push_timeout_s=1.0)
+    worker = RolloutWorker(bus=bus, replica_id="standalone_0", engine=engine,
+                           initial_state=ReplicaState.PAUSED, incarnation="old", push_timeout_s=1.0)
     stream = bus.names.worker_commands("standalone_0")
     try:
         await bus.publish(stream, Command(command_id="u1", action="weights_update", version=2,

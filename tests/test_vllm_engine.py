@@ -242,7 +242,8 @@ async def test_a_failed_update_does_not_block_the_next_push(engines) -> None:
     await first.abort_all()
     await first.transfer("start", {}, version=11)
     with pytest.raises(Exception, match="dtype_names"):  # rejected by vLLM before any broadcast
-        await first.transfer("update", {"names": ["lm_head.weight"], "dtype_names": [], "shapes": []}, version=11)
+        await first.transfer("update", {"names": ["lm_head.weight"], "dtype_names": [], "shapes": []},
+                             version=11)
     pushed = _peaky_model(seed=11)
     client = weight_transfer.LocalSyncClient([first], asyncio.get_running_loop(), version=12)
     trainer = await asyncio.to_thread(weight_transfer.trainer_engine, "gloo", client=client, module=pushed,

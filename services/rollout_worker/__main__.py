@@ -26,8 +26,8 @@ def build_engine(config: Config, replica_id: str) -> Engine:
             sampling=SamplingConfig(temperature=rollout.temperature, seed=config.run.seed),
             max_model_len=rollout.max_model_len, max_num_seqs=rollout.max_num_seqs, seed=config.run.seed,
             tensor_parallel_size=rollout.tensor_model_parallel_size,
-            kv_cache_memory_bytes=(rollout.hybrid_kv_cache_memory_bytes or None) if replica_id in config.hybrid_ids
-            else None,
+            kv_cache_memory_bytes=(rollout.hybrid_kv_cache_memory_bytes or None)
+            if replica_id in config.hybrid_ids else None,
             weight_transfer="" if (t := config.weight_transport(replica_id)) == "filesystem" else t))
     from services.rollout_worker.sim_engine import SimEngine
 

@@ -217,7 +217,8 @@ class RolloutWorker:
                 raise ValueError(f"weight push {step} failed: TimeoutError: {exc}") from exc
             self.wedged = True
             raise EngineWedged(f"{self.replica_id}: weight push {step} still running after "
-                               f"{self.push_timeout_s:.0f}s; exiting so a fresh engine replaces this one") from exc
+                               f"{self.push_timeout_s:.0f}s; exiting so a fresh engine replaces this one"
+                               ) from exc
         except Exception as exc:
             raise ValueError(f"weight push {step} failed: {type(exc).__name__}: {exc}") from exc
         if step == "finish":

@@ -52,8 +52,10 @@ class StreamSyncClient(SyncClient):
         """Called from the transfer thread: run the fan-out on the loop, block until it is done
         (or the push is aborted)."""
         if self.incarnations:
-            payloads = [{**p, TARGET_KEY: i} if i else p for p, i in zip(payloads, self.incarnations, strict=True)]
-        self._wait(step, asyncio.run_coroutine_threadsafe(self._fan_out(f"weights_{step}", payloads), self.loop))
+            payloads = [{**p, TARGET_KEY: i} if i else p
+                        for p, i in zip(payloads, self.incarnations, strict=True)]
+        fan_out = self._fan_out(f"weights_{step}", payloads)
+        self._wait(step, asyncio.run_coroutine_threadsafe(fan_out, self.loop))
 
     async def _fan_out(self, action: str, payloads: list[dict[str, Any]]) -> None:
         """Send `action` to every target and wait for all acks, but give up as soon as a target's
