@@ -127,6 +127,16 @@ def abort_group(engine: Any) -> None:
     abort()
 
 
+def close_group(engine: Any) -> None:
+    """Shut a trainer engine down and let go of its rendezvous store now, not at the next garbage
+    collection: a fixed rollout.weight_transfer_port must be free for the group formed next. (A
+    failed push's traceback still holds vLLM's PyNcclCommunicator; its `group` holds the store.)"""
+    group = getattr(engine, "model_update_group", None)
+    engine.shutdown()
+    if group is not None and hasattr(group, "group"):
+        group.group = None
+
+
 def send_within(engine: Any, client: SyncClient, *, timeout_s: float) -> None:
     """`engine.send_weights()`, ended by `timeout_s` or by the client's first failure: then the
     client's pending calls are cancelled and the communicator aborted, so the push raises

@@ -61,11 +61,14 @@ class PeerClient(SyncClient):
         self.incarnations = (incarnation,)
         self.midway = context.Event()
         self.received: dict[str, bytes] = {}
+        self.joined_port = 0
         self._conn, child = context.Pipe()
         self.process = context.Process(target=serve, args=(child, self.midway, stall), daemon=True)
         self.process.start()
 
     def _send(self, step: str, payloads: list[dict[str, Any]]) -> None:
+        if step == "init":
+            self.joined_port = int(payloads[0]["master_port"])
         call: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def run() -> None:

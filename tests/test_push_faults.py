@@ -24,6 +24,7 @@ from services.trainer.torch_backend import GRPOConfig, TorchGRPOTrainer  # noqa:
 from shared import weight_transfer  # noqa: E402
 from shared.bus import Bus  # noqa: E402
 from shared.names import Names  # noqa: E402
+from shared.runtime import free_port  # noqa: E402
 from shared.schema import Command, CommandAck, decode  # noqa: E402
 from shared.streams import connect  # noqa: E402
 from shared.weight_transfer import TARGET_KEY, PushAborted  # noqa: E402
@@ -36,11 +37,11 @@ TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, nu
                    num_key_value_heads=1)
 
 
-def _trainer(tmp_path: Path) -> TorchGRPOTrainer:
+def _trainer(tmp_path: Path, transfer_port: int = 0) -> TorchGRPOTrainer:
     save_pretrained(init_model(TINY, seed=0), tmp_path / "model")
     return TorchGRPOTrainer(GRPOConfig(model_path=str(tmp_path / "model"), weights_root=str(tmp_path / "w"),
                                        checkpoint_dir=str(tmp_path / "c"), device="cpu",
-                                       push_timeout_s=DEADLINE_S))
+                                       push_timeout_s=DEADLINE_S, transfer_port=transfer_port))
 
 
 def _groups(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -72,7 +73,9 @@ def _assert_received_everything(trainer: TorchGRPOTrainer, client: PeerClient) -
 
 
 def test_a_peer_killed_mid_broadcast_fails_the_push_at_once_and_the_next_push_works(tmp_path, monkeypatch):
-    trainer = _trainer(tmp_path)
+    """On a fixed rendezvous port (rollout.weight_transfer_port): the new group binds it again."""
+    port = free_port()
+    trainer = _trainer(tmp_path, transfer_port=port)
     formed = _groups(monkeypatch)
     peer = PeerClient(incarnation="first")
     try:
@@ -92,7 +95,7 @@ def test_a_peer_killed_mid_broadcast_fails_the_push_at_once_and_the_next_push_wo
             trainer.model.lm_head.weight.add_(1.0)
         trainer.push_weights("gloo", restarted)
         _assert_received_everything(trainer, restarted)
-        assert len(formed) == 2
+        assert len(formed) == 2 and restarted.joined_port == port
     finally:
         restarted.close()
 

@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 from core.replica import WEIGHT_ACTIONS, IllegalReplicaTransition, ReplicaState, transition
+from services.controller.executor import ExecutionReport, Executor
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus
 from shared.names import Names
@@ -78,4 +79,36 @@ async def test_a_push_call_gives_up_at_once_when_a_target_worker_dies_instead_of
                 await call
     finally:
         await rpc.close()
+        await bus.redis.aclose()
+
+
+async def test_a_hybrid_whose_ipc_push_fails_alone_reloads_from_disk_and_its_neighbour_keeps_its_push(
+        redis_server):
+    """hybrid_1 is not on the trainer's GPU: its own push fails; hybrid_0's succeeds and is not reloaded."""
+    bus = Bus(connect(redis_server.url), Names("test"))
+    rpc = CommandClient(bus, timeout_s=5.0, max_attempts=1)
+    hybrids = ("hybrid_0", "hybrid_1")
+    executor = Executor(bus=bus, rpc=rpc, standalone_ids=("standalone_0",), weights_path="/w/v3",
+                        transports={h: "ipc" for h in hybrids})
+    pushed: list[tuple[str, ...]] = []
+    reloaded: list[tuple[tuple[str, ...], str]] = []
+
+    async def push(replica_ids: tuple[str, ...], version: int, transport: str) -> bool:
+        pushed.append(replica_ids)
+        return replica_ids == ("hybrid_0",)
+
+    async def workers(replica_ids: tuple[str, ...], action: str, **fields: object) -> None:
+        reloaded.append((replica_ids, action))
+
+    executor.push = push
+    executor._workers = workers  # type: ignore[method-assign]
+    try:
+        for hybrid in hybrids:
+            await bus.redis.set(bus.names.worker_heartbeat(hybrid), "alive", ex=30)
+        report = ExecutionReport()
+        await executor.sync_weights(hybrids, 3, report)
+        assert pushed == [("hybrid_0",), ("hybrid_1",)]
+        assert reloaded == [(("hybrid_1",), "update_weights")]
+        assert (report.pushes, report.push_fallbacks) == (2, 1)
+    finally:
         await bus.redis.aclose()

@@ -260,7 +260,7 @@ class TorchGRPOTrainer:
         formed, engine = self._push_groups.pop(key, ((), None))
         if engine is not None and formed != members:
             log.info("a replica of %s restarted since its push group formed: forming it anew", list(key[1]))
-            engine.shutdown()
+            weight_transfer.close_group(engine)
             engine = None
         try:
             if engine is None:
@@ -275,7 +275,7 @@ class TorchGRPOTrainer:
             log.info("pushed weights to %s over %s in %.3fs", list(key[1]), transport, time.monotonic() - t0)
         except BaseException:
             if engine is not None:  # a failed push leaves the group unusable: the next one forms it anew
-                engine.shutdown()
+                weight_transfer.close_group(engine)
             raise
         self._push_groups[key] = (members, engine)
 
