@@ -60,7 +60,8 @@ def run(args: argparse.Namespace, result: Result) -> Result:
     if not result.check("cuda_available", torch.cuda.is_available()):
         result.reason = "torch sees no GPU: compare the driver with torch_cuda (docker/Dockerfile.gpu)"
         return result
-    data["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    nccl = torch.cuda.nccl.version()
+    data["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     data["devices"] = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)

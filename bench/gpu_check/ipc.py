@@ -30,6 +30,8 @@ from bench.gpu_check.common import Result, cuda_or_reason, gib, main
 NUM_CHUNKS = 3
 SPECS = (("layer.{k}.w", "float32", [1024, 512]), ("layer.{k}.b", "bfloat16", [4096]),
          ("layer.{k}.e", "float16", [333, 7]))
+BUFFER_BYTES = 256 << 20
+"""The staging buffer (vLLM's default is 1 GiB); each chunk fills a prefix of it."""
 RETURNED_TOLERANCE_BYTES = 64 << 20
 ACK = "ACK "
 """Marks the consumer's replies on its stdout (library logs may share it)."""
@@ -130,7 +132,7 @@ def run(args: argparse.Namespace, result: Result) -> Result:
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert child.stdin is not None and child.stdout is not None
     sizes = [t.numel() * t.element_size() for _, t in _tensors(0, "cpu")]
-    buffer = torch.empty(sum(sizes), dtype=torch.uint8, device=f"cuda:{index}")
+    buffer = torch.empty(BUFFER_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
     _, ipc_args = reduce_tensor(buffer)  # exported once, as packed_ipc_producer does
     handle = base64.b64encode(pickle.dumps({uuid: ipc_args})).decode()
     acks = []
@@ -152,11 +154,11 @@ def run(args: argparse.Namespace, result: Result) -> Result:
     closed = _read_ack(child.stdout)
     child.wait(60)
     result.check("one_rebuild_for_all_chunks", closed.get("rebuilds") == 1)
-    del buffer
+    del buffer, tensors, flat
     torch.cuda.ipc_collect()
     torch.cuda.empty_cache()
     free_end = torch.cuda.mem_get_info(index)[0]
-    result.data.update(acks=acks, producer_index=index, uuid=uuid, buffer_bytes=sum(sizes),
+    result.data.update(acks=acks, producer_index=index, uuid=uuid, buffer_bytes=BUFFER_BYTES,
                        free_start_gib=gib(free_start), free_end_gib=gib(free_end),
                        index_rewritten=bool(acks and acks[0].get("sent_index") != acks[0].get("index")))
     result.check("memory_returned_after_collection", free_end >= free_start - RETURNED_TOLERANCE_BYTES)

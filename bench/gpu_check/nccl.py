@@ -9,7 +9,7 @@ over sockets as it would between hosts or compose containers. Checks:
 
 - the transport is NET/Socket (NCCL_DEBUG=INFO log of rank 0);
 - the packed broadcast arrives byte for byte (sha256 per rank);
-- rank 1 is SIGKILLed while a 2 GiB broadcast is in flight: rank 0 is still blocked 2 s later, and
+- rank 1 is SIGKILLed while an 8 GiB broadcast is in flight: rank 0 is still blocked 2 s later, and
   `abort()` on its NCCL backend releases it (the stream synchronises) within 30 s;
 - rank 0's CUDA context still computes afterwards.
 
@@ -34,8 +34,9 @@ from typing import Any
 
 from bench.gpu_check.common import Result, cuda_or_reason, main
 
-BIG_BYTES = 2 << 30
+BIG_BYTES = 8 << 30
 STUCK_CHECK_S = 2.0
+IN_FLIGHT_S = 0.1
 RELEASE_LIMIT_S = 30.0
 SOCKET_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket",
               "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
@@ -62,6 +63,17 @@ def _packed(device: Any) -> tuple[Any, str]:
     return flat.to(device), hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
+def _abort(device: Any) -> None:
+    """ncclCommAbort on the world group's communicators (what vLLM's PyNcclCommunicator.destroy does)."""
+    import torch.distributed as dist
+
+    backend = dist.group.WORLD._get_backend(device)  # type: ignore[union-attr]
+    if hasattr(backend, "abort"):
+        backend.abort()
+    else:
+        dist.distributed_c10d._abort_process_group(dist.group.WORLD)  # type: ignore[attr-defined]
+
+
 def rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -85,9 +97,12 @@ def rank_main(args: argparse.Namespace) -> None:
     big = torch.empty(BIG_BYTES, dtype=torch.uint8, device=device)
     if rank == 1:
         dist.broadcast(big, src=0, async_op=True)
+        _wait_for(sync / "sending", 120)
+        time.sleep(IN_FLIGHT_S)  # data is flowing
         (sync / "posted").touch()  # the parent kills this process now
         time.sleep(600)
     work = dist.broadcast(big, src=0, async_op=True)
+    (sync / "sending").touch()
     released = threading.Event()
 
     def wait_for_broadcast() -> None:
@@ -99,9 +114,8 @@ def rank_main(args: argparse.Namespace) -> None:
     _wait_for(sync / "killed", 120)
     time.sleep(STUCK_CHECK_S)
     out["blocked_after_kill"] = not released.is_set()
-    backend = dist.group.WORLD._get_backend(device)  # type: ignore[union-attr]
     t0 = time.monotonic()
-    threading.Thread(target=backend.abort, daemon=True).start()  # ncclCommAbort
+    threading.Thread(target=_abort, args=(device,), daemon=True).start()
     out["released"] = released.wait(RELEASE_LIMIT_S)
     out["release_s"] = round(time.monotonic() - t0, 3)
     if out["released"]:

@@ -110,6 +110,7 @@ class VllmEngine:
         self._llm: Any = None
         self._inflight: set[str] = set()
         self._push_open = False
+        self._joined = False
         self._counter = itertools.count()
 
     async def start(self) -> None:
@@ -267,6 +268,18 @@ class VllmEngine:
         self.timings["load_weights_s"] = time.monotonic() - t0
         log.info("loaded weights v%d from %s in %.2fs", version, path, self.timings["load_weights_s"])
 
+    async def _leave_group(self) -> None:
+        """Release the old group (NCCL: its communicator and buffers) before joining a new one;
+        vLLM refuses while an update session is open, so a stale one is closed first."""
+        try:
+            if self._push_open:
+                self._push_open = False
+                await self._llm.finish_weight_update()
+            await self._llm.shutdown_weight_transfer_engine()
+        except Exception as exc:  # the new group replaces it anyway
+            log.warning("could not release the previous weight-push group: %s", exc)
+        self._joined = False
+
     async def transfer(self, step: str, info: dict[str, Any], *, version: int) -> None:
         """One step of a trainer-driven push (shared/weight_transfer.py) through vLLM's API:
         'init' (join the trainer's group), 'start', 'update' (receive a chunk), 'finish'.
@@ -284,7 +297,10 @@ class VllmEngine:
         assert self._llm is not None, "transfer() before start()"
         t0 = time.monotonic()
         if step == "init":
+            if self._joined:  # the trainer formed its group anew (a failed push, a restart)
+                await self._leave_group()
             await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+            self._joined = True
         elif step == "start":
             if self._push_open:
                 log.warning("closing a weight push that never finished")
