@@ -208,7 +208,10 @@ class RolloutWorker:
         if step == "start" and self.state is ReplicaState.SERVING:
             await self.engine.abort_all()
             self._resume_after_push = True
-        deadline = asyncio.timeout(self.push_timeout_s)
+        # `init` waits for the whole group's rendezvous, which its store bounds by itself (TIMEOUT_S):
+        # let that fail first (acked not ok) rather than exit for a slow peer's engine start.
+        limit_s = self.push_timeout_s + (TIMEOUT_S if step == "init" else 0.0)
+        deadline = asyncio.timeout(limit_s)
         try:
             async with deadline:
                 await self.engine.transfer(step, info, version=command.version)
@@ -217,8 +220,7 @@ class RolloutWorker:
                 raise ValueError(f"weight push {step} failed: TimeoutError: {exc}") from exc
             self.wedged = True
             raise EngineWedged(f"{self.replica_id}: weight push {step} still running after "
-                               f"{self.push_timeout_s:.0f}s; exiting so a fresh engine replaces this one"
-                               ) from exc
+                               f"{limit_s:.0f}s; exiting so a fresh engine replaces this one") from exc
         except Exception as exc:
             raise ValueError(f"weight push {step} failed: {type(exc).__name__}: {exc}") from exc
         if step == "finish":
