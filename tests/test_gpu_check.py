@@ -20,7 +20,7 @@ def test_the_gpu_check_dry_run_passes_on_cpu_and_names_the_steps_it_skipped(tmp_
                          cwd=ROOT, capture_output=True, text=True, timeout=220)
     assert run.returncode == 0, run.stdout + run.stderr
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert summary["passed"] and summary["dry_run"]
+    assert summary["passed"] and summary["dry_run"], run.stdout
     steps = summary["steps"]
     assert set(steps) == {"host", "offload", "ipc", "nccl", "vllm"}
     assert {"ipc", "vllm"} <= set(summary["skipped"])

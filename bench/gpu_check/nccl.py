@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,12 @@ SOCKET_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE
               "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}
 
 
-def _wait_for(path: Path, timeout_s: float) -> bool:
+def _wait_for(path: Path, timeout_s: float, procs: Sequence[Any] = ()) -> bool:
+    """Until `path` exists; False at the timeout or as soon as one of `procs` has failed."""
     deadline = time.monotonic() + timeout_s
     while not path.exists():
-        if time.monotonic() > deadline:
-            return False
+        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+            return path.exists()
         time.sleep(0.01)
     return True
 
@@ -147,7 +149,7 @@ def run(args: argparse.Namespace, result: Result) -> Result:
                                        "--backend", backend], env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         for rank in (0, 1):
-            arrived = _wait_for(sync / f"packed_{rank}.json", 180)
+            arrived = _wait_for(sync / f"packed_{rank}.json", 180, ranks)
             result.check(f"packed_broadcast_reached_rank_{rank}", arrived)
         packed = [json.loads((sync / f"packed_{r}.json").read_text()) for r in (0, 1)]
         result.check("packed_broadcast_byte_identical",
@@ -156,11 +158,11 @@ def run(args: argparse.Namespace, result: Result) -> Result:
             result.reason = "dry run on CPU: packed broadcast over gloo; the kill and NCCL abort need CUDA"
             return result
         result.check("transport_is_socket", "NET/Socket" in (sync / "rank_0.log").read_text())
-        result.check("rank_1_posted_the_big_broadcast", _wait_for(sync / "posted", 120))
+        result.check("rank_1_posted_the_big_broadcast", _wait_for(sync / "posted", 120, ranks))
         ranks[1].send_signal(signal.SIGKILL)
         ranks[1].wait(30)
         (sync / "killed").touch()
-        result.check("rank_0_reported", _wait_for(sync / "rank_0.json", 120))
+        result.check("rank_0_reported", _wait_for(sync / "rank_0.json", 120, ranks[:1]))
         rank0 = json.loads((sync / "rank_0.json").read_text())
         result.data["rank_0"] = rank0
         result.check("rank_0_blocked_after_the_kill", rank0.get("blocked_after_kill", False))
@@ -174,6 +176,7 @@ def run(args: argparse.Namespace, result: Result) -> Result:
         for log in logs:
             log.close()
         result.data["rank_0_log_tail"] = (sync / "rank_0.log").read_text()[-3000:]
+        result.data["rank_1_log_tail"] = (sync / "rank_1.log").read_text()[-1500:]
     return result
 
 
