@@ -65,6 +65,7 @@ from core.measure import RateMeter
 from shared.schema import (
     AuditKind,
     CommandAction,
+    PushGroupReport,
     TrainerAction,
     TrainerEvent,
     TrainerReply,
@@ -292,13 +293,17 @@ class ExecutorCore:
             replica_ids=command.replica_ids, version=command.version, weights_path=weights_path)
         if not result.pushed:
             return
-        report.pushes += 1
-        report.push_fallbacks += not result.ok
-        outcome = "ok" if result.ok else f"failed: {result.error}"
-        yield Audit(event=AuditRecord(
-            kind=AuditKind.PUSH, transport=result.transport, replica_ids=command.replica_ids, ok=result.ok,
-            error=result.error, duration_s=result.push_s, version=command.version,
-            detail=f"{result.transport} {list(command.replica_ids)} {outcome} {result.push_s:.3f}s"))
+        # One push per group (ipc: per replica); a report without them is one push of them all.
+        pushes = result.pushes or [PushGroupReport(replica_ids=list(command.replica_ids), ok=result.ok,
+                                                   error=result.error, push_s=result.push_s)]
+        for push in pushes:
+            report.pushes += 1
+            report.push_fallbacks += not push.ok
+            outcome = "ok" if push.ok else f"failed: {push.error}"
+            yield Audit(event=AuditRecord(
+                kind=AuditKind.PUSH, transport=result.transport, replica_ids=tuple(push.replica_ids),
+                ok=push.ok, error=push.error, duration_s=push.push_s, version=command.version,
+                detail=f"{result.transport} {push.replica_ids} {outcome} {push.push_s:.3f}s"))
 
 
 def drive(plan: Plan[T], perform: Callable[[Op], Any]) -> T:

@@ -155,6 +155,15 @@ class RolloutConfig(_Section):
     """Same for hybrids: 'filesystem', 'ipc' (CUDA IPC on the trainer's GPUs) or 'gloo'."""
     weight_transfer_address: str = "127.0.0.1"
     """The trainer's address as the workers reach it (nccl/gloo rendezvous)."""
+    weight_transfer_port: Annotated[int, Field(ge=0, lt=65535)] = 0
+    """The trainer's rendezvous port (nccl/gloo), published for workers on other hosts; a second
+    push group (hybrids on gloo) takes the next port. 0: a free port per group (one host only)."""
+    weight_push_timeout_s: Positive = 300.0
+    """Deadline of one push (trainer) and of one push step (worker): past it the trainer aborts its
+    communicator and the worker exits to be restarted (docs/real_training.md)."""
+    hybrid_kv_cache_memory_bytes: Annotated[int, Field(ge=0)] = 0
+    """vLLM's kv_cache_memory_bytes for hybrids (0: sized from gpu_memory_utilization); what a
+    hybrid re-allocates on every wake on the trainer's GPU."""
     sim: SimEngineConfig = Field(default_factory=SimEngineConfig)
 
     @property

@@ -62,14 +62,15 @@ class CommandAction(StrEnum):
     RELEASE_GPUS = "release_gpus"
     """Offload: hybrids are about to wake on the trainer's GPUs."""
     SYNC_WEIGHTS = "sync_weights"
-    """Bring replicas to a version (push, else or on failure the filesystem); acked with a
-    WeightSyncReport."""
+    """Bring replicas to a version (push, per push group; else, or for a failed push's replicas, the
+    filesystem); acked with a WeightSyncReport."""
 
 
 WEIGHT_ACTIONS = frozenset({CommandAction.UPDATE_WEIGHTS, CommandAction.WEIGHTS_INIT,
                             CommandAction.WEIGHTS_START,
                             CommandAction.WEIGHTS_UPDATE, CommandAction.WEIGHTS_FINISH})
-"""The worker actions that load weights (the replica's lifecycle state is unchanged)."""
+"""The worker actions that load weights: legal while awake, refused while SLEEPING (core/replica.py);
+the replica's lifecycle state is unchanged."""
 
 
 class PushStep(StrEnum):

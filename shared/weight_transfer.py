@@ -24,18 +24,45 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
+import logging
 import pickle
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from shared.vocab import PushStep
+from shared.vocab import PUSH_ACTIONS, PushStep
+
+log = logging.getLogger(__name__)
 
 PUSH_TRANSPORTS = ("nccl", "ipc", "gloo")
 TRANSPORTS = ("filesystem", *PUSH_TRANSPORTS)
+PER_REPLICA_TRANSPORTS = ("ipc",)
+"""Pushed to one replica at a time: CUDA IPC reaches only a replica on the trainer's own GPU, so a
+hybrid on another GPU must fail alone (and reload from the filesystem), not fail its neighbour."""
+RENDEZVOUS_TRANSPORTS = ("nccl", "gloo")
+"""Form a group at a TCP rendezvous hosted by the trainer (rollout.weight_transfer_port)."""
 GLOO_MODULE = "shared.gloo_transfer"
 TIMEOUT_S = 300.0
 """Rendezvous and per-operation limit of a gloo push; the first push waits for the workers' engines
 to start (tens of seconds on a loaded CPU host)."""
+TARGET_KEY = "target_incarnation"
+"""Command data key: the worker process a push step is for. A worker refuses a step addressed to
+another incarnation (a command replayed after it restarted: its old group is gone)."""
+WATCH_POLL_S = 0.1
+
+
+class PushAborted(RuntimeError):
+    """A push was aborted: its deadline passed or a target failed; the group is unusable."""
+
+
+def push_groups(transport: str, replica_ids: Sequence[str]) -> list[tuple[str, ...]]:
+    """How one sync's push to `replica_ids` is split: one group for a broadcast transport, one
+    push per replica for a per-device one (each can fail, and fall back, alone)."""
+    if transport in PER_REPLICA_TRANSPORTS:
+        return [(r,) for r in replica_ids]
+    return [tuple(replica_ids)] if replica_ids else []
 
 
 def register_vllm_plugin() -> None:
@@ -92,16 +119,103 @@ def init_info_for(init_info: dict[str, Any], index: int, replica_world_size: int
     return {**init_info, "rank_offset": int(init_info["rank_offset"]) + index * replica_world_size}
 
 
+def abort_group(engine: Any) -> None:
+    """Abort a trainer engine's communicator so a broadcast blocked on a dead or stopped peer
+    returns: gloo's abort, or vLLM's PyNcclCommunicator.destroy (ncclCommAbort). IPC has none."""
+    group = getattr(engine, "model_update_group", None)
+    if group is None:
+        return
+    abort = getattr(group, "abort", None) or group.destroy
+    abort()
+
+
+def close_group(engine: Any) -> None:
+    """Shut a trainer engine down and let go of its rendezvous store now, not at the next garbage
+    collection: a fixed rollout.weight_transfer_port must be free for the group formed next. (A
+    failed push's traceback still holds vLLM's PyNcclCommunicator; its `group` holds the store.)"""
+    group = getattr(engine, "model_update_group", None)
+    engine.shutdown()
+    if group is not None and hasattr(group, "group"):
+        group.group = None
+
+
+def send_within(engine: Any, client: SyncClient, *, timeout_s: float) -> None:
+    """`engine.send_weights()`, ended by `timeout_s` or by the client's first failure: then the
+    client's pending calls are cancelled and the communicator aborted, so the push raises
+    PushAborted instead of waiting for ever on a peer's broadcast (vLLM's NCCL send has no limit)."""
+    done = threading.Event()
+    deadline = time.monotonic() + timeout_s
+
+    def watch() -> None:
+        while not done.wait(WATCH_POLL_S):
+            if client.failed.is_set() or time.monotonic() >= deadline:
+                client.abort(client.failure or f"the push exceeded its {timeout_s:.0f}s deadline")
+                log.warning("aborting the weight push to %s: %s", client.replica_ids, client.failure)
+                abort_group(engine)
+                return
+
+    watcher = threading.Thread(target=watch, name="push-watchdog", daemon=True)
+    watcher.start()
+    try:
+        engine.send_weights()
+    except BaseException as exc:
+        if client.failed.is_set():
+            raise PushAborted(client.failure) from exc
+        raise
+    finally:
+        done.set()
+        watcher.join()
+    if client.failed.is_set():  # aborted after the last byte went out: the targets' state is unknown
+        raise PushAborted(client.failure)
+
+
 class SyncClient:
     """vLLM's VLLMWeightSyncClient for `replica_ids`: each of its four calls becomes one step
     (init, start, update, finish) per replica, with that replica's payload, delivered by `_send`
-    and done on every replica before the call returns. Subclasses say how a step is delivered."""
+    and done on every replica before the call returns. Subclasses say how a step is delivered.
+
+    `abort(reason)` (from any thread) fails the push: pending calls end with PushAborted and later
+    ones raise at once; `failed` is set by it and by a step that failed, for send_within's watch."""
 
     replica_ids: list[str]
     replica_world_size: int
     version: int
     incarnations: tuple[str, ...] = ()
     """The targets' worker processes, when known: the trainer forms its group anew when they change."""
+
+    def __init__(self) -> None:
+        self.failed = threading.Event()
+        self.failure = ""
+        self._calls: set[concurrent.futures.Future[Any]] = set()
+        self._lock = threading.Lock()
+
+    def abort(self, reason: str) -> None:
+        with self._lock:
+            if not self.failed.is_set():
+                self.failure = reason
+                self.failed.set()
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
+
+    def _wait(self, step: PushStep, call: concurrent.futures.Future[Any],
+              timeout_s: float | None = None) -> None:
+        """Block the transfer thread on one step's fan-out; a failure fails the whole push."""
+        with self._lock:
+            if self.failed.is_set():
+                call.cancel()
+                raise PushAborted(self.failure)
+            self._calls.add(call)
+        try:
+            call.result(timeout=timeout_s)
+        except concurrent.futures.CancelledError:
+            raise PushAborted(self.failure or f"{PUSH_ACTIONS[step]} cancelled") from None
+        except BaseException as exc:
+            self.abort(f"{PUSH_ACTIONS[step]}: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            with self._lock:
+                self._calls.discard(call)
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._send(PushStep.INIT, [init_info_for(init_info, i, self.replica_world_size)
@@ -129,6 +243,7 @@ class LocalSyncClient(SyncClient):
     thread and run on `loop`, where the engines live."""
 
     def __init__(self, engines: Sequence[Any], loop: asyncio.AbstractEventLoop, *, version: int) -> None:
+        super().__init__()
         self.engines = list(engines)
         self.loop = loop
         self.version = version
@@ -140,4 +255,4 @@ class LocalSyncClient(SyncClient):
             await asyncio.gather(*(engine.transfer(step, payload, version=self.version)
                                    for engine, payload in zip(self.engines, payloads, strict=True)))
 
-        asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=TIMEOUT_S)
+        self._wait(step, asyncio.run_coroutine_threadsafe(run(), self.loop), timeout_s=TIMEOUT_S)

@@ -9,7 +9,15 @@ from core import executor as ex
 from core import trainer_cycle as tc
 from core.flow import FlowLimits
 from core.sample_lifecycle import RolloutStatus, SampleLifecycle
-from shared.schema import AuditKind, CommandAction, TrainerAction, TrainerEvent, TrainerPhase, TrainerReply
+from shared.schema import (
+    AuditKind,
+    CommandAction,
+    PushGroupReport,
+    TrainerAction,
+    TrainerEvent,
+    TrainerPhase,
+    TrainerReply,
+)
 from shared.schema import WeightSyncReport as Report
 from tests.test_controller_core import H, S, SpyPolicy, make_core
 
@@ -93,6 +101,22 @@ def test_a_failed_push_counts_one_push_and_one_fallback_and_is_audited_with_its_
     assert push == ex.AuditRecord(kind=AuditKind.PUSH, version=1, transport="gloo", replica_ids=S, ok=False,
                                   error="ValueError: no", duration_s=0.5,
                                   detail="gloo ['standalone_0'] failed: ValueError: no 0.500s")
+
+
+def test_a_sync_pushed_in_groups_counts_and_audits_each_push_and_each_fallback() -> None:
+    """ipc pushes one hybrid at a time: hybrid_1's push failed (it reloaded from disk), hybrid_0's did not."""
+    hybrids = Report(replica_ids=list(H), version=1, transport="ipc", pushed=True, ok=False, error="E",
+                     push_s=0.75, pushes=[PushGroupReport(replica_ids=["hybrid_0"], push_s=0.5),
+                                          PushGroupReport(replica_ids=["hybrid_1"], ok=False, error="E",
+                                                          push_s=0.25)])
+    executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=True)), clock=lambda: 0.0)
+    peers = Peers(sync_reports=[Report(replica_ids=list(S), version=1), hybrids])
+    ex.drive(executor.on_weights_ready(weights_ready(1)), peers)
+    metrics = executor.last_report.cycle_metrics()
+    assert (metrics["weights/pushes"], metrics["weights/push_fallbacks"]) == (2.0, 1.0)
+    pushes = [op.event for op in peers.ops if isinstance(op, ex.Audit) and op.event.kind is AuditKind.PUSH]
+    assert [(e.replica_ids, e.ok, e.error, e.duration_s) for e in pushes] == [
+        (("hybrid_0",), True, "", 0.5), (("hybrid_1",), False, "E", 0.25)]
 
 
 def test_a_micro_step_with_active_hybrids_waits_then_removes_aborts_and_sleeps_them_in_order() -> None:

@@ -22,6 +22,7 @@ from services.trainer.torch_backend import (  # noqa: E402
     group_advantages,
 )
 from shared import weights  # noqa: E402
+from shared.weight_transfer import SyncClient  # noqa: E402
 
 TINY = ModelConfig(
     hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1
@@ -213,10 +214,11 @@ def test_release_and_acquire_are_no_ops_on_cpu(tmp_path: Path) -> None:
     assert next(trainer.model.parameters()).device.type == "cpu"
 
 
-class _GlooReceiver:
+class _GlooReceiver(SyncClient):
     """The worker end of a gloo push without vLLM: joins the trainer's group, keeps what arrives."""
 
     def __init__(self, incarnation: str) -> None:
+        super().__init__()
         self.replica_ids = ["standalone_0"]
         self.replica_world_size = 1
         self.incarnations = (incarnation,)

@@ -235,3 +235,24 @@ async def test_a_push_abandoned_after_start_is_closed_by_the_filesystem_fallback
     await second.transfer(PushStep.START, {}, version=10)
     await second.transfer(PushStep.FINISH, {}, version=10)
     await second.resume()
+
+
+async def test_a_failed_update_does_not_block_the_next_push(engines) -> None:
+    """vLLM's worker ends its update session when update_weights raises; the engine must not then
+    try to finish that session on the next start (it would raise, and every later push with it)."""
+    first, _ = engines
+    await first.abort_all()
+    await first.transfer(PushStep.START, {}, version=11)
+    with pytest.raises(Exception, match="dtype_names"):  # rejected by vLLM before any broadcast
+        await first.transfer(PushStep.UPDATE, {"names": ["lm_head.weight"], "dtype_names": [], "shapes": []},
+                             version=11)
+    pushed = _peaky_model(seed=11)
+    client = weight_transfer.LocalSyncClient([first], asyncio.get_running_loop(), version=12)
+    trainer = await asyncio.to_thread(weight_transfer.trainer_engine, "gloo", client=client, module=pushed,
+                                      world_size=2, master_address="127.0.0.1", master_port=free_port())
+    await asyncio.to_thread(weight_transfer.send_within, trainer, client, timeout_s=60.0)
+    trainer.shutdown()
+    assert first.version == 12
+    await first.resume()
+    out = await first.generate(request_id="after_failure", prompt_token_ids=PROMPT, max_tokens=8)
+    assert out.logprobs == pytest.approx(_torch_logprobs(pushed, PROMPT, out.token_ids), abs=2e-3)

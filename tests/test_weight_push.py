@@ -8,13 +8,17 @@ import pickle
 
 import pytest
 
-from core.replica import WEIGHT_ACTIONS, ReplicaState, transition
+from core.replica import WEIGHT_ACTIONS, IllegalReplicaTransition, ReplicaState, transition
+from services.trainer.service import Trainer
+from services.trainer.sim_backend import SimTrainer
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus
 from shared.names import Names
 from shared.rpc import CommandClient
+from shared.schema import Command, CommandAck, CommandAction, decode, encode
 from shared.streams import connect
-from shared.weight_transfer import init_info_for, wire_safe
+from shared.weight_transfer import init_info_for, push_groups, wire_safe
+from tests.stack import sim_config
 
 
 def test_each_replica_joins_the_group_after_the_trainer_and_the_replicas_before_it():
@@ -38,10 +42,25 @@ def test_ipc_handles_travel_pickled_and_other_payloads_untouched():
     assert wire_safe(nccl) is nccl
 
 
-@pytest.mark.parametrize("state", list(ReplicaState))
+@pytest.mark.parametrize("state", [ReplicaState.PAUSED, ReplicaState.SERVING])
 @pytest.mark.parametrize("action", sorted(WEIGHT_ACTIONS))
-def test_push_steps_are_legal_in_every_replica_state_and_change_nothing(state, action):
+def test_weight_commands_are_legal_while_awake_and_change_nothing(state, action):
     assert transition(state, action) is state
+
+
+@pytest.mark.parametrize("action", sorted(WEIGHT_ACTIONS))
+def test_a_weight_command_replayed_to_a_sleeping_replica_is_refused_and_wake_then_sync_still_works(action):
+    with pytest.raises(IllegalReplicaTransition, match="while sleeping: wake it first"):
+        transition(ReplicaState.SLEEPING, action)
+    # the controller's order: wake, sync, resume
+    awake = transition(ReplicaState.SLEEPING, CommandAction.WAKE)
+    assert transition(transition(awake, action), CommandAction.RESUME) is ReplicaState.SERVING
+
+
+def test_an_ipc_push_goes_to_one_replica_at_a_time_and_a_broadcast_to_the_whole_group():
+    assert push_groups("ipc", ["hybrid_0", "hybrid_1"]) == [("hybrid_0",), ("hybrid_1",)]
+    assert push_groups("nccl", ["standalone_0", "standalone_1"]) == [("standalone_0", "standalone_1")]
+    assert push_groups("gloo", []) == []
 
 
 async def test_a_push_call_gives_up_at_once_when_a_target_worker_dies_instead_of_waiting_for_its_ack(
@@ -66,3 +85,41 @@ async def test_a_push_call_gives_up_at_once_when_a_target_worker_dies_instead_of
     finally:
         await rpc.close()
         await bus.redis.aclose()
+
+
+async def test_a_hybrid_whose_ipc_push_fails_alone_reloads_from_disk_and_its_neighbour_keeps_its_push(
+        redis_server):
+    """hybrid_1 is not on the trainer's GPU: its own push fails; hybrid_0's succeeds and is not reloaded.
+    The trainer's report says so, push by push (the controller counts and audits each push:
+    test_orchestration_cores)."""
+    config = sim_config()
+    bus = Bus(connect(redis_server.url), Names(config.run.namespace))
+    hybrids = ("hybrid_0", "hybrid_1")
+    trainer = Trainer(bus=bus, config=config, backend=SimTrainer(config))
+    trainer.transports = dict.fromkeys(hybrids, "ipc")
+    pushed: list[tuple[str, ...]] = []
+    reloaded: list[tuple[tuple[str, ...], list[bool], int, str]] = []
+
+    async def push(replica_ids: tuple[str, ...], version: int, transport: str) -> str:
+        pushed.append(replica_ids)
+        return "" if replica_ids == ("hybrid_0",) else "RuntimeError: invalid device context"
+
+    async def load(replica_ids: tuple[str, ...], alive: list[bool], version: int, weights_path: str) -> None:
+        reloaded.append((replica_ids, alive, version, weights_path))
+
+    trainer._push = push  # type: ignore[method-assign]
+    trainer._load_from_filesystem = load  # type: ignore[method-assign]
+    try:
+        for hybrid in hybrids:
+            await bus.redis.set(bus.names.worker_heartbeat(hybrid), "alive", ex=30)
+        report = await trainer.sync_replicas(hybrids, 3, "/w/v3")
+    finally:
+        await bus.redis.aclose()
+    assert pushed == [("hybrid_0",), ("hybrid_1",)]
+    assert reloaded == [(("hybrid_1",), [True], 3, "/w/v3")]
+    assert (report.pushed, report.ok, report.transport) == (True, False, "ipc")
+    assert report.error == "RuntimeError: invalid device context"
+    assert [(p.replica_ids, p.ok) for p in report.pushes] == [(["hybrid_0"], True), (["hybrid_1"], False)]
+    assert decode(encode(CommandAck.answer(Command(command_id="c", action=CommandAction.SYNC_WEIGHTS),
+                                           sender="trainer", report=report))).weights == report
+

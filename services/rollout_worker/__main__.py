@@ -27,6 +27,8 @@ def build_engine(config: Config, replica_id: str) -> Engine:
             sampling=SamplingConfig(temperature=rollout.temperature, seed=config.run.seed),
             max_model_len=rollout.max_model_len, max_num_seqs=rollout.max_num_seqs, seed=config.run.seed,
             tensor_parallel_size=rollout.tensor_model_parallel_size,
+            kv_cache_memory_bytes=(rollout.hybrid_kv_cache_memory_bytes or None)
+            if replica_id in config.hybrid_ids else None,
             weight_transfer="" if (t := config.weight_transport(replica_id)) == "filesystem" else t))
     from services.rollout_worker.sim_engine import SimEngine
 
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
             await engine.start()
             initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
             workers.append(RolloutWorker(bus=bus, replica_id=replica_id, engine=engine, initial_state=initial,
-                                         incarnation=incarnations[replica_id]))
+                                         incarnation=incarnations[replica_id],
+                                         push_timeout_s=config.rollout.weight_push_timeout_s))
         try:
             await asyncio.gather(*(worker.run(stop) for worker in workers))
         finally:

@@ -111,6 +111,7 @@ class VllmEngine:
         self._llm: Any = None
         self._inflight: set[str] = set()
         self._push_open = False
+        self._joined = False
         self._counter = itertools.count()
 
     async def start(self) -> None:
@@ -269,12 +270,26 @@ class VllmEngine:
         self.timings["load_weights_s"] = time.monotonic() - t0
         log.info("loaded weights v%d from %s in %.2fs", version, path, self.timings["load_weights_s"])
 
+    async def _leave_group(self) -> None:
+        """Release the old group (NCCL: its communicator and buffers) before joining a new one;
+        vLLM refuses while an update session is open, so a stale one is closed first."""
+        try:
+            if self._push_open:
+                self._push_open = False
+                await self._llm.finish_weight_update()
+            await self._llm.shutdown_weight_transfer_engine()
+        except Exception as exc:  # the new group replaces it anyway
+            log.warning("could not release the previous weight-push group: %s", exc)
+        self._joined = False
+
     async def transfer(self, step: PushStep, info: dict[str, Any], *, version: int) -> None:
         """One step of a trainer-driven push (shared/weight_transfer.py) through vLLM's API:
         'init' (join the trainer's group), 'start', 'update' (receive a chunk), 'finish'.
 
         Call start..finish while paused, as for `load_weights`. A push that died between
-        start and finish left vLLM's update session open: a new start closes it first.
+        start and finish left vLLM's update session open: a new start closes it first. A failed
+        update closes it by itself (vLLM's worker clears its session flag when update_weights
+        raises), so this mirrors that: the next start must not finish a session vLLM dropped.
         """
         from vllm.distributed.weight_transfer.base import (
             WeightTransferInitRequest,
@@ -284,15 +299,23 @@ class VllmEngine:
         assert self._llm is not None, "transfer() before start()"
         t0 = time.monotonic()
         if step is PushStep.INIT:
+            if self._joined:  # the trainer formed its group anew (a failed push, a restart)
+                await self._leave_group()
             await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+            self._joined = True
         elif step is PushStep.START:
             if self._push_open:
                 log.warning("closing a weight push that never finished")
+                self._push_open = False
                 await self._llm.finish_weight_update()
             await self._llm.start_weight_update()
             self._push_open = True
         elif step is PushStep.UPDATE:
-            await self._llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+            try:
+                await self._llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+            except BaseException:
+                self._push_open = False  # as vLLM's worker: a failed update ends the session
+                raise
         elif step is PushStep.FINISH:
             await self._llm.finish_weight_update()
             self._push_open = False

@@ -14,7 +14,13 @@ back (the rollouter resumes them elsewhere), then the loops end. Crash:
 unacked requests and commands stay pending in this replica's consumer groups
 and are replayed when a worker with the same replica id starts again;
 duplicates are harmless (results carry the request's attempt, commands are
-idempotent).
+idempotent, and a weight-push step names the worker process it is for, so a
+restarted worker refuses the steps of a group it never joined).
+
+A push step that does not end within `push_timeout_s` (the trainer died or hung
+mid-broadcast: vLLM's NCCL receive has no limit, and the engine's busy loop is
+stuck in it) raises EngineWedged: the worker stops without touching the engine
+and the process exits, so its restart policy starts a clean one.
 """
 
 from __future__ import annotations
@@ -38,17 +44,24 @@ from shared.schema import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
+    PushStep,
     ReplicaReport,
 )
+from shared.weight_transfer import TARGET_KEY, TIMEOUT_S
 
 log = logging.getLogger(__name__)
 _PUSH_STEPS = {action: step for step, action in PUSH_ACTIONS.items()}
 """The trainer-driven push's actions, as the engine's `transfer` names its steps."""
 
 
+class EngineWedged(RuntimeError):
+    """The engine is stuck in a weight push (a peer died mid-broadcast): the process must exit
+    and be restarted with a fresh engine. Not a ValueError, so it is never acked as a rejection."""
+
+
 class RolloutWorker:
     def __init__(self, *, bus: Bus, replica_id: str, engine: Engine, initial_state: ReplicaState,
-                 incarnation: str = "") -> None:
+                 incarnation: str = "", push_timeout_s: float = TIMEOUT_S) -> None:
         self.bus = bus
         self.replica_id = replica_id
         self.incarnation = incarnation or uuid.uuid4().hex[:12]
@@ -57,6 +70,9 @@ class RolloutWorker:
         self.engine = engine
         self.state = initial_state
         self.version = 0
+        self.push_timeout_s = push_timeout_s
+        """Limit of one weight-push step on this replica (the rendezvous, a whole broadcast)."""
+        self.wedged = False
         self._resume_after_push = False
         self._inflight: set[asyncio.Task[None]] = set()
 
@@ -79,9 +95,13 @@ class RolloutWorker:
         finally:
             for task in loops:
                 task.cancel()
-            await self.engine.abort_all()
-            if self._inflight:
-                await asyncio.wait(self._inflight, timeout=5.0)
+            if self.wedged:  # the engine would not answer: leave it to the process's exit, and
+                # let the trainer's watch see this worker gone now rather than at the heartbeat's TTL
+                await self.bus.redis.delete(self.bus.names.worker_heartbeat(self.replica_id))
+            else:
+                await self.engine.abort_all()
+                if self._inflight:
+                    await asyncio.wait(self._inflight, timeout=5.0)
 
     async def _catch_up(self) -> None:
         """A replica (re)started mid-run loads the weights of the trainer's last sync, instead of
@@ -192,13 +212,29 @@ class RolloutWorker:
 
     async def _push_step(self, command: Command) -> None:
         """A step of the trainer's weight push; a SERVING replica is paused from start to finish.
-        A failure is acked as not ok (the controller then falls back to the filesystem)."""
+        A failure is acked as not ok (the trainer then falls back to the filesystem)."""
         step = _PUSH_STEPS[command.action]
-        if command.action is CommandAction.WEIGHTS_START and self.state is ReplicaState.SERVING:
+        info = dict(command.data)
+        target = info.pop(TARGET_KEY, "")
+        if target and target != self.incarnation:
+            raise ValueError(f"weight push {step} is for worker {target}, this is {self.incarnation}: "
+                             "a step of a group this process never joined (replayed after a restart)")
+        if step is PushStep.START and self.state is ReplicaState.SERVING:
             await self.engine.abort_all()
             self._resume_after_push = True
+        # `init` waits for the whole group's rendezvous, which its store bounds by itself (TIMEOUT_S):
+        # let that fail first (acked not ok) rather than exit for a slow peer's engine start.
+        limit_s = self.push_timeout_s + (TIMEOUT_S if step is PushStep.INIT else 0.0)
+        deadline = asyncio.timeout(limit_s)
         try:
-            await self.engine.transfer(step, command.data, version=command.version)
+            async with deadline:
+                await self.engine.transfer(step, info, version=command.version)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise ValueError(f"weight push {step} failed: TimeoutError: {exc}") from exc
+            self.wedged = True
+            raise EngineWedged(f"{self.replica_id}: weight push {step} still running after "
+                               f"{limit_s:.0f}s; exiting so a fresh engine replaces this one") from exc
         except Exception as exc:
             raise ValueError(f"weight push {step} failed: {type(exc).__name__}: {exc}") from exc
         if command.action is CommandAction.WEIGHTS_FINISH:

@@ -22,7 +22,9 @@ def build_backend(config: Config, run_dir: Path) -> TrainerBackend:
             model_path=config.trainer.model_dir, weights_root=str(run_dir.resolve() / "weights"),
             checkpoint_dir=config.trainer.checkpoint_dir or str(run_dir.resolve() / "checkpoints"),
             lr=config.trainer.learning_rate, seed=config.run.seed,
-            transfer_address=config.rollout.weight_transfer_address))
+            transfer_address=config.rollout.weight_transfer_address,
+            transfer_port=config.rollout.weight_transfer_port,
+            push_timeout_s=config.rollout.weight_push_timeout_s))
     from services.trainer.sim_backend import SimTrainer
 
     return SimTrainer(config)

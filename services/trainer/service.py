@@ -14,9 +14,10 @@ hybrids hold its GPUs:
 
 During a sync the controller sends it commands on `trainer_commands`, served
 concurrently and acked like any peer's: RELEASE_GPUS (offload before the hybrids
-wake) and SYNC_WEIGHTS (bring replicas to the version: push over their transport,
-else or on failure the filesystem; one WeightSyncReport back). So the weight push
-is one command the trainer owns end to end.
+wake) and SYNC_WEIGHTS (bring replicas to the version: push over their transport, in
+its groups, else or for a group whose push failed the filesystem; one WeightSyncReport
+back, with each push's outcome). So the weight push is one command the trainer owns
+end to end.
 
 Clean stop: the current step finishes its handshake or is abandoned; unacked
 samples stay pending. Crash: samples taken but not trained are replayed from
@@ -49,12 +50,14 @@ from shared.schema import (
     Command,
     CommandAction,
     MalformedMessage,
+    PushGroupReport,
     Sample,
     TrainerReply,
     WeightSyncReport,
     decode,
 )
 from shared.streams import StreamConsumer, group_lag
+from shared.weight_transfer import push_groups
 
 log = logging.getLogger(__name__)
 CONSUMER = "trainer"
@@ -280,26 +283,32 @@ class Trainer:
 
     async def sync_replicas(self, replica_ids: tuple[str, ...], version: int,
                             weights_path: str) -> WeightSyncReport:
-        """Push when these replicas share a push transport and all are alive; otherwise, or when
-        the push fails, every replica reloads `version` from the filesystem."""
+        """Push when these replicas share a push transport and all are alive, one push per group of
+        `push_groups` (ipc: one replica at a time, so a hybrid that cannot take it fails alone);
+        the replicas of a failed push, or all of them without a push, reload `version` from the
+        filesystem."""
         transports = {self.transports.get(r, "") for r in replica_ids}
         transport = transports.pop() if len(transports) == 1 else ""
         alive = await self._alive(replica_ids)
         pushed = bool(transport and replica_ids and all(alive))
-        error, push_s = "", 0.0
-        if pushed:
+        pushes: list[PushGroupReport] = []
+        for group in push_groups(transport, replica_ids) if pushed else []:
             started = time.monotonic()
-            error = await self._push(replica_ids, version, transport)
-            push_s = time.monotonic() - started
-            if not error:
-                return WeightSyncReport(replica_ids=list(replica_ids), version=version, transport=transport,
-                                        pushed=True, push_s=push_s)
-            log.warning("%s push of v%d to %s failed (%s): falling back to the filesystem", transport,
-                        version, list(replica_ids), error)
-        await self._load_from_filesystem(replica_ids, alive, version, weights_path)
+            error = await self._push(group, version, transport)
+            pushes.append(PushGroupReport(replica_ids=list(group), ok=not error, error=error,
+                                          push_s=time.monotonic() - started))
+            if error:
+                log.warning("%s push of v%d to %s failed (%s): falling back to the filesystem", transport,
+                            version, list(group), error)
+        failed = {r for p in pushes if not p.ok for r in p.replica_ids}
+        if failed or not pushed:
+            reload = [(r, a) for r, a in zip(replica_ids, alive, strict=True) if not pushed or r in failed]
+            await self._load_from_filesystem(tuple(r for r, _ in reload), [a for _, a in reload], version,
+                                             weights_path)
         return WeightSyncReport(replica_ids=list(replica_ids), version=version,
-                                transport=transport if pushed else "", pushed=pushed, ok=not error,
-                                error=error, push_s=push_s)
+                                transport=transport if pushed else "", pushed=pushed, ok=not failed,
+                                error="; ".join(p.error for p in pushes if not p.ok),
+                                push_s=sum(p.push_s for p in pushes), pushes=pushes)
 
     async def _push(self, replica_ids: tuple[str, ...], version: int, transport: str) -> str:
         """Push the held weights over `transport`; '' on success, else the error."""

@@ -18,8 +18,8 @@ does, timed under the original's keys:
 `export_weights(v)` publishes the params under their Hugging Face names through
 `shared/weights.py`, so vLLM's `reload_weights` loads them. Checkpoints are indexed by param
 version (model + optimizer + version) and `resume_latest()` restores the newest.
-`release_gpu()`/`acquire_gpu()` move params, grads and optimizer state off and back on CUDA
-so co-located hybrid replicas can use the memory; on CPU they only log. `push_weights` sends the
+`release_gpu()`/`acquire_gpu()` drop the grads and move params and optimizer state off and back
+on CUDA so co-located hybrid replicas can use the memory; on CPU they only log. `push_weights` sends the
 params straight to running vLLM replicas (shared/weight_transfer.py: nccl, ipc, gloo), keeping
 one vLLM trainer-side engine per (transport, replica set); a failed push drops it, so the next
 push forms the group anew.
@@ -92,6 +92,11 @@ class GRPOConfig:
     """'auto' picks cuda when available, else cpu."""
     transfer_address: str = "127.0.0.1"
     """Where the workers reach this trainer for a push rendezvous (nccl, gloo)."""
+    transfer_port: int = 0
+    """The rendezvous port of the first push group formed (the next group takes the next port);
+    0: a free port per group."""
+    push_timeout_s: float = 300.0
+    """Deadline of sending one version: past it the communicator is aborted and the push fails."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -154,6 +159,8 @@ class TorchGRPOTrainer:
         self.on_gpu = self.device.type == "cuda"
         self._push_groups: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, ...], Any]] = {}
         """(transport, replica ids) -> (the replicas' incarnations when it formed, vLLM's engine)."""
+        self._ports: dict[tuple[str, tuple[str, ...]], int] = {}
+        """A fixed rendezvous port per push group, kept when the group forms anew."""
 
     # -- TrainerBackend ---------------------------------------------------------------
 
@@ -240,39 +247,48 @@ class TorchGRPOTrainer:
         self.version = version
         return str(path)
 
+    def _port(self, key: tuple[str, tuple[str, ...]]) -> int:
+        if not self.config.transfer_port:
+            return free_port("")  # "": workers on other hosts connect
+        return self._ports.setdefault(key, self.config.transfer_port + len(self._ports))
+
     def push_weights(self, transport: str, client: Any) -> None:
-        """Send the current params to the replicas behind `client` through vLLM's transfer engine."""
+        """Send the current params to the replicas behind `client` through vLLM's transfer engine,
+        within `push_timeout_s` (weight_transfer.send_within: a dead or stopped peer aborts it)."""
         key = (transport, tuple(client.replica_ids))
         members = tuple(client.incarnations)
         formed, engine = self._push_groups.pop(key, ((), None))
         if engine is not None and formed != members:
             log.info("a replica of %s restarted since its push group formed: forming it anew", list(key[1]))
-            engine.shutdown()
+            weight_transfer.close_group(engine)
             engine = None
         try:
             if engine is None:
                 world_size = 1 + len(client.replica_ids) * client.replica_world_size  # trainer = rank 0
+                port = self._port(key) if transport in weight_transfer.RENDEZVOUS_TRANSPORTS else 0
                 engine = weight_transfer.trainer_engine(
                     transport, client=client, module=self.model, world_size=world_size,
-                    # "": bind every interface, so workers on other hosts connect
-                    master_address=self.config.transfer_address, master_port=free_port(""))
+                    master_address=self.config.transfer_address, master_port=port)
             engine.client = client  # this push's version
             t0 = time.monotonic()
-            engine.send_weights()
+            weight_transfer.send_within(engine, client, timeout_s=self.config.push_timeout_s)
             log.info("pushed weights to %s over %s in %.3fs", list(key[1]), transport, time.monotonic() - t0)
         except BaseException:
             if engine is not None:  # a failed push leaves the group unusable: the next one forms it anew
-                engine.shutdown()
+                weight_transfer.close_group(engine)
             raise
         self._push_groups[key] = (members, engine)
 
     def release_gpu(self) -> None:
-        """Move params, grads and optimizer state to CPU and free the CUDA cache."""
+        """Drop the gradients (the step that needed them is done), move params and optimizer state
+        to CPU and return the CUDA cache. `bench/gpu_check.py` measures it on a GPU host."""
         if self.device.type != "cuda":
             log.info("release_gpu: trainer runs on %s, nothing to offload", self.device)
             return
         t0 = time.monotonic()
+        self.optimizer.zero_grad(set_to_none=True)
         self._move_to(torch.device("cpu"))
+        torch.cuda.synchronize(self.device)  # the non-blocking copies land before their sources are freed
         torch.cuda.empty_cache()
         self.on_gpu = False
         log.info("release_gpu: offloaded in %.2fs", time.monotonic() - t0)
@@ -283,11 +299,12 @@ class TorchGRPOTrainer:
             return
         t0 = time.monotonic()
         self._move_to(self.device)
+        torch.cuda.synchronize(self.device)
         self.on_gpu = True
         log.info("acquire_gpu: reloaded in %.2fs", time.monotonic() - t0)
 
     def _move_to(self, device: torch.device) -> None:
-        self.model.to(device)  # Module.to moves .grad along with each parameter
+        self.model.to(device)  # Module.to moves .grad too (none after release_gpu dropped them)
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step":

@@ -12,6 +12,9 @@ The commands go out on the trainer's event loop; the calls block the transfer th
 A call is sent once (not retried: a resent update would wait for a broadcast that never
 comes); a worker that fails, does not answer within the timeout, or dies meanwhile (its
 heartbeat expires or changes) fails the push, and the trainer falls back to the filesystem.
+A failed call also aborts the push (SyncClient.abort), so `weight_transfer.send_within` aborts
+the communicator under a broadcast still waiting for the dead worker. Each step names the worker
+process it is for (`weight_transfer.TARGET_KEY`): a restarted worker refuses the old group's steps.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from shared.bus import text
 from shared.names import Names
 from shared.rpc import CommandClient
 from shared.schema import PUSH_ACTIONS, CommandAction, PushStep
-from shared.weight_transfer import SyncClient
+from shared.weight_transfer import TARGET_KEY, SyncClient
 
 WATCH_INTERVAL_S = 0.5
 """How often a waiting push checks that its targets' workers are still the ones it started with."""
@@ -35,6 +38,7 @@ class StreamSyncClient(SyncClient):
     def __init__(self, *, rpc: CommandClient, names: Names, loop: asyncio.AbstractEventLoop,
                  replica_ids: list[str], version: int, replica_world_size: int = 1,
                  incarnations: tuple[str, ...] = (), timeout_s: float = 300.0) -> None:
+        super().__init__()
         self.rpc = rpc
         self.names = names
         self.loop = loop
@@ -47,8 +51,13 @@ class StreamSyncClient(SyncClient):
         self.timeout_s = timeout_s
 
     def _send(self, step: PushStep, payloads: list[dict[str, Any]]) -> None:
-        """Called from the transfer thread: run the fan-out on the loop, block until it is done."""
-        asyncio.run_coroutine_threadsafe(self._fan_out(PUSH_ACTIONS[step], payloads), self.loop).result()
+        """Called from the transfer thread: run the fan-out on the loop, block until it is done
+        (or the push is aborted)."""
+        if self.incarnations:
+            payloads = [{**p, TARGET_KEY: i} if i else p
+                        for p, i in zip(payloads, self.incarnations, strict=True)]
+        fan_out = self._fan_out(PUSH_ACTIONS[step], payloads)
+        self._wait(step, asyncio.run_coroutine_threadsafe(fan_out, self.loop))
 
     async def _fan_out(self, action: CommandAction, payloads: list[dict[str, Any]]) -> None:
         """Send `action` to every target and wait for all acks, but give up as soon as a target's
