@@ -37,7 +37,7 @@ from core import trainer_cycle as tc
 from core.flow import FlowLimits
 from core.metrics import partial_rollout_stats, processing_time_stats, stale_trajectory_count
 from services.trainer.weight_push import StreamSyncClient
-from shared.bus import Bus, Subscription, text
+from shared.bus import Bus, Subscription, malformed_reason, text
 from shared.config import Config
 from shared.names import TRAINER_GROUP, AccountingField, SampleState
 from shared.names import TrainerStateField as F
@@ -48,7 +48,6 @@ from shared.schema import (
     AuditPhase,
     Command,
     CommandAction,
-    MalformedMessage,
     Sample,
     TrainerReply,
     WeightSyncReport,
@@ -198,8 +197,8 @@ class Trainer:
             for entry in await mq.read(count=required - len(batch), block_ms=200):
                 try:
                     message = decode(entry.fields)
-                except MalformedMessage as exc:
-                    await mq.dead_letter(entry, reason=f"malformed: {exc}")
+                except Exception as exc:  # any failure to decode one entry fails that entry alone
+                    await mq.dead_letter(entry, reason=malformed_reason(exc))
                     continue
                 if isinstance(message, Sample):
                     batch.append((entry.entry_id, message))
@@ -335,5 +334,6 @@ class Trainer:
                 log.warning("replica %s has no heartbeat: update_weights sent, not awaited", replica_id)
                 await self._rpc.send(names.worker_commands(replica_id), action, version=version,
                                      weights_path=weights_path)
-        live = [names.worker_commands(r) for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
-        await self._rpc.call_many(live, action, version=version, weights_path=weights_path)
+        live = [(names.worker_commands(r), names.worker_heartbeat(r))
+                for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
+        await self._rpc.call_peers(live, action, version=version, weights_path=weights_path)
