@@ -36,10 +36,11 @@ from typing import Any, Protocol
 from core import trainer_cycle as tc
 from core.flow import FlowLimits
 from core.metrics import partial_rollout_stats, processing_time_stats, stale_trajectory_count
+from services.trainer.exactly_once import mark_trained, screen
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus, Subscription, malformed_reason, text
 from shared.config import Config
-from shared.names import TRAINER_GROUP, AccountingField, SampleState
+from shared.names import TRAINER_GROUP
 from shared.names import TrainerStateField as F
 from shared.rpc import CommandClient, CommandFailed
 from shared.schema import (
@@ -188,9 +189,10 @@ class Trainer:
         return None
 
     async def _collect(self, mq: StreamConsumer, required: int, stop: asyncio.Event) -> Batch:
-        """Pop `required` samples (own pending ones first after a restart); malformed ones are
-        dead-lettered."""
+        """Pop `required` samples (own pending ones first after a restart); malformed ones, and
+        samples not in state queued (duplicates, unknown ids), are dead-lettered and replaced."""
         batch: Batch = []
+        taken: set[str] = set()
         while len(batch) < required:
             if stop.is_set():
                 raise StopRequested
@@ -200,10 +202,13 @@ class Trainer:
                 except Exception as exc:  # any failure to decode one entry fails that entry alone
                     await mq.dead_letter(entry, reason=malformed_reason(exc))
                     continue
-                if isinstance(message, Sample):
-                    batch.append((entry.entry_id, message))
-                else:
+                if not isinstance(message, Sample):
                     await mq.dead_letter(entry, reason=f"not a sample: {type(message).__name__}")
+                elif reason := await screen(self.bus.redis, self.bus.names, message.sample_id, taken):
+                    await mq.dead_letter(entry, reason=reason)
+                else:
+                    taken.add(message.sample_id)
+                    batch.append((entry.entry_id, message))
         return batch
 
     async def _train(self, batch: Sequence[tuple[bytes, Sample]]) -> tc.TrainResult:
@@ -221,17 +226,12 @@ class Trainer:
                                          detail=f"{phase} {global_steps}"))
 
     async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]]) -> None:
-        """XACK and move the samples to 'trained' in one transaction (exactly-once accounting)."""
-        names = self.bus.names
-        entry_ids = [entry_id for entry_id, _ in batch]
-        async with self.bus.redis.pipeline(transaction=True) as pipe:
-            pipe.xack(names.mq, TRAINER_GROUP, *entry_ids)
-            for _, sample in batch:
-                pipe.hset(names.sample_states, sample.sample_id, SampleState.TRAINED)
-            pipe.hincrby(names.accounting, AccountingField.QUEUED, -len(batch))
-            pipe.hincrby(names.accounting, AccountingField.TRAINED, len(batch))
-            await pipe.execute()
-        await mq.ack(entry_ids)  # already acked above; this only clears the consumer's hand-out record
+        """XACK and move the samples `queued -> trained` by compare-and-set, in one script."""
+        rejected = await mark_trained(self.bus.redis, self.bus.names,
+                                      [(entry_id, sample.sample_id) for entry_id, sample in batch])
+        if rejected:
+            log.error("samples no longer queued when marked trained (dead-lettered): %s", rejected)
+        await mq.ack(entry_id for entry_id, _ in batch)  # acked by the script; clears the hand-out record
 
     def _sample_metrics(self, samples: list[Sample]) -> dict[str, float]:
         trajectories = [t for s in samples for t in s.trajectories]
