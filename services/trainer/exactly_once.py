@@ -6,14 +6,15 @@ from the MessageQueue with `screen` (a byte-identical copy of a sample already t
 copy within the batch, or an id the rollouter never queued is dead-lettered with the reason,
 never trained; the driver pops another in its place), and after the micro-step commits the batch
 with `MARK_TRAINED`: one Lua script acks the entries, moves each sample `queued -> trained` only
-if it is still `queued`, and moves the accounting counters by the number it moved, all at once.
+if it is still `queued`, moves the accounting counters by the number it moved, and writes the
+trainer's progress (global_steps, version, sync pending), all at once.
 An entry that fails the compare-and-set there (it can only if another trainer raced this one) is
 acked and dead-lettered by the script too, so nothing is counted twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aredis
 
@@ -21,11 +22,16 @@ from shared.names import TRAINER_GROUP, AccountingField, Names, SampleState
 from shared.redis_client import as_str
 
 MARK_TRAINED = """
--- KEYS: sample_states, accounting, mq, dead letters
--- ARGV: group, queued, trained, accounting 'queued' field, 'trained' field, then (entry id, sample id)...
+-- KEYS: sample_states, accounting, mq, dead letters, trainer_state
+-- ARGV: group, queued, trained, accounting 'queued' field, 'trained' field, n progress pairs,
+--       (progress field, value) x n, then (entry id, sample id)...
 local moved = 0
 local rejected = {}
-for i = 6, #ARGV, 2 do
+local n = tonumber(ARGV[6])
+for i = 7, 6 + 2 * n, 2 do
+  redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])
+end
+for i = 7 + 2 * n, #ARGV, 2 do
   local entry_id, sample_id = ARGV[i], ARGV[i + 1]
   local state = redis.call('HGET', KEYS[1], sample_id)
   redis.call('XACK', KEYS[3], ARGV[1], entry_id)
@@ -46,15 +52,18 @@ return rejected
 """
 
 
-async def mark_trained(redis: aredis.Redis, names: Names,
-                       batch: Sequence[tuple[bytes, str]]) -> list[bytes]:
-    """Ack `batch` ((entry id, sample id) pairs) and move its queued samples to trained, atomically;
-    the entry ids that were not queued (dead-lettered by the script)."""
-    args: list[bytes | str] = [TRAINER_GROUP, SampleState.QUEUED, SampleState.TRAINED,
-                               AccountingField.QUEUED, AccountingField.TRAINED]
+async def mark_trained(redis: aredis.Redis, names: Names, batch: Sequence[tuple[bytes, str]], *,
+                       progress: Mapping[str, int]) -> list[bytes]:
+    """Ack `batch` ((entry id, sample id) pairs), move its queued samples to trained and write
+    `progress` into trainer_state, atomically; the entry ids that were not queued (dead-lettered
+    by the script)."""
+    args: list[bytes | str | int] = [TRAINER_GROUP, SampleState.QUEUED, SampleState.TRAINED,
+                                     AccountingField.QUEUED, AccountingField.TRAINED, len(progress)]
+    for field, value in progress.items():
+        args += [field, value]
     for entry_id, sample_id in batch:
         args += [entry_id, sample_id]
-    keys = [names.sample_states, names.accounting, names.mq, names.dead_letters]
+    keys = [names.sample_states, names.accounting, names.mq, names.dead_letters, names.trainer_state]
     rejected = await redis.eval(MARK_TRAINED, len(keys), *keys, *args)  # type: ignore[misc]
     return [bytes(r) for r in rejected]
 

@@ -116,7 +116,8 @@ class Trainer:
         self.cycle = tc.TrainerCycle(limits=self.limits, clock=time.monotonic,
                                      global_steps=int(state.get(F.GLOBAL_STEPS, 1)),
                                      version=int(state.get(F.VERSION, 0)),
-                                     initial_sync_done=state.get(F.INITIAL_SYNC_DONE) == "1")
+                                     initial_sync_done=state.get(F.INITIAL_SYNC_DONE) == "1",
+                                     sync_pending=state.get(F.SYNC_PENDING) == "1")
         self.stale_trajectories = int(state.get(F.STALE_TRAJECTORIES, 0))
         if self.cycle.version > 0:
             resumed = await asyncio.to_thread(self.backend.resume_latest)
@@ -170,7 +171,7 @@ class Trainer:
         elif isinstance(op, tc.Train):
             return await self._train(op.batch)
         elif isinstance(op, tc.MarkTrained):
-            await self._mark_trained(mq, op.batch)
+            await self._mark_trained(mq, op.batch, op.progress)
         elif isinstance(op, tc.SaveCheckpoint):
             await asyncio.to_thread(self.backend.save_checkpoint, op.version)
         elif isinstance(op, tc.ExportWeights):
@@ -180,10 +181,8 @@ class Trainer:
                                                                     F.WEIGHTS_PATH: path})
             return path
         elif isinstance(op, tc.SaveProgress):
-            await self.bus.redis.hset(names.trainer_state, mapping={
-                F.GLOBAL_STEPS: op.global_steps, F.VERSION: op.version,
-                F.INITIAL_SYNC_DONE: int(op.initial_sync_done),
-                F.STALE_TRAJECTORIES: self.stale_trajectories})
+            fields = self._progress_fields(op)
+            await self.bus.redis.hset(names.trainer_state, mapping=fields)  # type: ignore[arg-type]
         else:  # pragma: no cover - a new op needs a branch here
             raise AssertionError(f"unhandled trainer op {op!r}")
         return None
@@ -225,10 +224,18 @@ class Trainer:
                                          global_steps=global_steps, version=version,
                                          detail=f"{phase} {global_steps}"))
 
-    async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]]) -> None:
-        """XACK and move the samples `queued -> trained` by compare-and-set, in one script."""
+    def _progress_fields(self, progress: tc.SaveProgress) -> dict[str, int]:
+        return {F.GLOBAL_STEPS: progress.global_steps, F.VERSION: progress.version,
+                F.INITIAL_SYNC_DONE: int(progress.initial_sync_done),
+                F.SYNC_PENDING: int(progress.sync_pending), F.STALE_TRAJECTORIES: self.stale_trajectories}
+
+    async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]],
+                            progress: tc.SaveProgress) -> None:
+        """XACK, move the samples `queued -> trained` by compare-and-set and save the progress, in
+        one script: a restart never trains a committed micro-step again."""
         rejected = await mark_trained(self.bus.redis, self.bus.names,
-                                      [(entry_id, sample.sample_id) for entry_id, sample in batch])
+                                      [(entry_id, sample.sample_id) for entry_id, sample in batch],
+                                      progress=self._progress_fields(progress))
         if rejected:
             log.error("samples no longer queued when marked trained (dead-lettered): %s", rejected)
         await mq.ack(entry_id for entry_id, _ in batch)  # acked by the script; clears the hand-out record
