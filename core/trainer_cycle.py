@@ -9,14 +9,23 @@ each one and sends its result back, so both drivers step through the same order:
     [initial sync: ExportWeights(v0), Handshake(WEIGHTS_READY) -> SYNC_DONE]
     per micro-step (reference 1.3):
       Handshake(MICRO_STEP_START) -> GPUS_READY   (the controller may deactivate hybrids)
-      AcquireGpu, QueueSize, Collect(required), Send(COLLECTED)
-      Train, MarkTrained, QueueSize
+      AcquireGpu, QueueSize, Collect(required), Send(COLLECTED), Train
+      [every trigger_parameter_sync_step micro-steps: SaveCheckpoint(v+1)]
+      MarkTrained(batch, progress: global_steps+1, version, sync_pending), QueueSize
       every trigger_parameter_sync_step micro-steps:
-        SaveCheckpoint(v+1), ExportWeights(v+1), Handshake(WEIGHTS_READY) -> SYNC_DONE
+        ExportWeights(v+1), Handshake(WEIGHTS_READY) -> SYNC_DONE
         (during that handshake the controller may ask the trainer to release its GPUs and
         to sync replicas: commands the driver serves, not part of this cycle)
-      SaveProgress, Send(MICRO_STEP_DONE with the micro-step's metrics)
+        SaveProgress(sync_pending cleared)
+      Send(MICRO_STEP_DONE with the micro-step's metrics)
     Send(DONE)
+
+Exactly once across a crash: `MarkTrained` commits the batch's samples *and* the progress it
+makes (the next global_steps, the new version, whether its sync is still pending) in one step, so
+a restarted trainer never trains a committed micro-step again. A restart with `sync_pending` set
+(killed between the commit and the end of its sync) first finishes that sync (ExportWeights,
+Handshake(WEIGHTS_READY) for the same global_steps: the controller answers a replayed handshake),
+then goes on with the next micro-step.
 
 Durations come from the injected `clock`. The first sync (version 0, global_steps 0)
 happens before training, as in the original: it is the first chance to activate hybrids.
@@ -81,9 +90,11 @@ class Train:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MarkTrained:
-    """Ack the batch and move its samples to 'trained' (exactly once). -> None"""
+    """Ack the batch, move its samples to 'trained' (exactly once) and persist `progress`, all in
+    one commit. -> None"""
 
     batch: Sequence[Any]
+    progress: SaveProgress
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,6 +118,8 @@ class SaveProgress:
     global_steps: int
     version: int
     initial_sync_done: bool
+    sync_pending: bool = False
+    """The version's weight sync has not finished: a restart finishes it first."""
 
 
 TrainerOp = Handshake | Send | AcquireGpu | QueueSize | Collect | Train | MarkTrained | SaveCheckpoint \
@@ -127,12 +140,13 @@ class TrainerCycle:
     """The trainer's progress (global_steps, version) and the order of its steps."""
 
     def __init__(self, *, limits: FlowLimits, clock: Callable[[], float], global_steps: int = 1,
-                 version: int = 0, initial_sync_done: bool = False) -> None:
+                 version: int = 0, initial_sync_done: bool = False, sync_pending: bool = False) -> None:
         self.limits = limits
         self.clock = clock
         self.global_steps = global_steps
         self.version = version
         self.initial_sync_done = initial_sync_done
+        self.sync_pending = sync_pending
         self.total_micro_steps = limits.total_train_steps * limits.trigger_parameter_sync_step
 
     @property
@@ -144,6 +158,10 @@ class TrainerCycle:
         if not self.initial_sync_done:
             yield from self._sync(global_steps=0)
             self.initial_sync_done = True
+            yield self._progress()
+        if self.sync_pending:  # killed during the sync of the last committed micro-step
+            yield from self._sync(global_steps=self.global_steps - 1)
+            self.sync_pending = False
             yield self._progress()
         while not self.done:
             yield from self.micro_step()
@@ -165,17 +183,21 @@ class TrainerCycle:
         yield Send(event=TrainerEvent(phase=TrainerPhase.COLLECTED, global_steps=gs, version=self.version,
                                       wait_time_s=gen_s, wait_samples=wait_samples))
         result: TrainResult = yield Train(batch=batch)
-        yield MarkTrained(batch=batch)
-        mq_size: int = yield QueueSize()
-        sync_s = 0.0
-        if gs % self.limits.trigger_parameter_sync_step == 0:
+        syncs = gs % self.limits.trigger_parameter_sync_step == 0
+        if syncs:
             self.version += 1
             yield SaveCheckpoint(version=self.version)
+        self.global_steps += 1
+        self.sync_pending = syncs
+        yield MarkTrained(batch=batch, progress=self._progress())
+        mq_size: int = yield QueueSize()
+        sync_s = 0.0
+        if syncs:
             sync_started = self.clock()
             yield from self._sync(global_steps=gs)
             sync_s = self.clock() - sync_started
-        self.global_steps += 1
-        yield self._progress()
+            self.sync_pending = False
+            yield self._progress()
         now = self.clock()
         metrics = {**result.stats, **result.timings,
                    "timing_s/gen": gen_s, "timing_s/step": now - step_started, "timing_s/param_sync": sync_s,
@@ -204,4 +226,4 @@ class TrainerCycle:
 
     def _progress(self) -> SaveProgress:
         return SaveProgress(global_steps=self.global_steps, version=self.version,
-                            initial_sync_done=self.initial_sync_done)
+                            initial_sync_done=self.initial_sync_done, sync_pending=self.sync_pending)

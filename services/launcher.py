@@ -33,6 +33,7 @@ import redis
 
 from core.flow import FlowLimits
 from services.progress import Progress
+from services.run_outputs import DUPLICATED as DUPLICATED
 from services.run_outputs import LOST as LOST
 from services.run_outputs import admin_address as admin_address
 from services.run_outputs import fetch_admin_status, read_hash, write_outputs
@@ -311,7 +312,8 @@ class Job:
             "micro_steps": self.completed_micro_steps(), "total_micro_steps": self.total_micro_steps,
             "replicas": {"standalone": len(self.config.standalone_ids),
                          "hybrid": len(self.config.hybrid_ids)},
-            "samples": sample_counts(read_hash(self.redis, self.names.accounting)),
+            "samples": sample_counts(read_hash(self.redis, self.names.accounting),
+                                     read_hash(self.redis, self.names.sample_states)),
             "switches": {"activations": admin.get("activations"),
                          "deactivations": admin.get("deactivations")},
             "mode": admin.get("mode"), "exit_codes": self.exit_codes, "controller_status": admin,

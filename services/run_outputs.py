@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,15 @@ import redis
 from services.report import write_report
 from shared import schema
 from shared.bus import text
-from shared.names import AccountingField, Names
+from shared.names import AccountingField, Names, SampleState
 
 log = logging.getLogger(__name__)
 
 ADMIN_TIMEOUT_S = 5.0
 LOST = "lost"
-"""summary.json's `samples` key for fed - everything accounted for (must be 0)."""
+"""summary.json's `samples` key for fed samples with no state in the per-sample hash (must be 0)."""
+DUPLICATED = "duplicated"
+"""summary.json's `samples` key for trainings beyond one per sample (must be 0)."""
 
 
 def read_hash(client: redis.Redis, key: str) -> dict[str, str]:
@@ -69,11 +72,17 @@ def fetch_admin_status(address: str | None) -> dict[str, Any]:
         return {}
 
 
-def sample_counts(accounting: dict[str, str]) -> dict[str, int]:
-    """The accounting hash as ints (missing = 0) plus `lost` = fed - everything accounted for."""
+def sample_counts(accounting: dict[str, str], states: dict[str, str]) -> dict[str, int]:
+    """Per-state counts from the per-sample `states` hash (sample id -> SampleState), `fed` from the
+    accounting hash; `lost` = fed - samples with a state; `duplicated` = trainings the accounting
+    counted - samples in state trained (0: nothing trained twice)."""
     counts = {str(name): int(float(accounting.get(name, 0))) for name in AccountingField}
-    accounted = sum(count for name, count in counts.items() if name != AccountingField.FED)
-    counts[LOST] = counts[AccountingField.FED] - accounted
+    trained_by_counter = counts[AccountingField.TRAINED]
+    by_state = Counter(states.values())
+    for state in SampleState:
+        counts[str(state)] = by_state[state]
+    counts[LOST] = counts[AccountingField.FED] - sum(by_state[state] for state in SampleState)
+    counts[DUPLICATED] = trained_by_counter - by_state[SampleState.TRAINED]
     return counts
 
 

@@ -84,10 +84,10 @@ class Subscription:
         for entry in entries:
             try:
                 decoded.append((entry.entry_id.decode(), schema.decode(entry.fields)))
-            except schema.MalformedMessage as exc:
+            except Exception as exc:  # any failure to decode one entry fails that entry alone
                 log.error("dead-lettering malformed entry %s on %s: %s", entry.entry_id, self.consumer.stream,
                           exc)
-                await self.consumer.dead_letter(entry, reason=f"malformed: {exc}")
+                await self.consumer.dead_letter(entry, reason=malformed_reason(exc))
         return decoded
 
     async def ack(self, *entry_ids: str) -> None:
@@ -96,6 +96,12 @@ class Subscription:
 
     async def close(self) -> None:
         await self.consumer.aclose()
+
+
+def malformed_reason(exc: Exception) -> str:
+    """The dead-letter reason of an entry that could not be decoded: the exception, named."""
+    detail = str(exc) if isinstance(exc, schema.MalformedMessage) else f"{type(exc).__name__}: {exc}"
+    return f"malformed: {detail}"
 
 
 def text(value: Any) -> str:

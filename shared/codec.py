@@ -91,7 +91,10 @@ class Codec:
             raise MalformedMessage(f"{type_tag}: payload is not valid msgpack ({exc})") from exc
         kwargs = {n: getattr(header, n) for n in layout.header}
         kwargs.update((n, getattr(payload, n)) for n in layout.payload)
-        return layout.cls(**kwargs)
+        try:
+            return layout.cls(**kwargs)
+        except (ValueError, TypeError) as exc:  # a message class's own checks (__post_init__)
+            raise MalformedMessage(f"{type_tag}: {exc}") from exc
 
 
 def _layout(cls: type) -> _Layout:

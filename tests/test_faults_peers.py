@@ -1,0 +1,59 @@
+"""Waiting on a dead peer (real Redis): a command's wait ends when the peer's heartbeat lease
+expires, the caller does not fail, and the command is replayed when the peer returns."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from core import executor as ex
+from services.controller.executor import Executor
+from shared.bus import Bus
+from shared.names import WORKER_GROUP, Names
+from shared.rpc import CommandClient, PeerGone
+from shared.schema import Command, CommandAction
+from shared.streams import connect
+
+REPLICA = "standalone_0"
+LEASE_MS = 600
+
+
+@pytest.fixture
+async def bus(redis_server):
+    redis = connect(redis_server.url)
+    yield Bus(redis, Names("peers"))
+    await redis.aclose()
+
+
+async def test_a_call_to_a_peer_whose_heartbeat_expires_while_it_waits_ends_with_peer_gone(bus):
+    names = bus.names
+    rpc = CommandClient(bus, timeout_s=60.0, max_attempts=3)
+    await rpc.start()
+    await bus.redis.set(names.worker_heartbeat(REPLICA), b"1", px=LEASE_MS)  # dies: never renewed
+    started = time.monotonic()
+    with pytest.raises(PeerGone):
+        await rpc.call(names.worker_commands(REPLICA), CommandAction.SLEEP,
+                       lease_key=names.worker_heartbeat(REPLICA))
+    assert time.monotonic() - started < 3.0  # the lease, not 3 x 60 s
+    await rpc.close()
+
+    returning = await bus.subscribe(names.worker_commands(REPLICA), WORKER_GROUP, REPLICA)
+    replayed = [m for _, m in await returning.read(count=8, block_ms=0)]
+    assert [c.action for c in replayed if isinstance(c, Command)] == [CommandAction.SLEEP]
+    await returning.close()
+
+
+async def test_the_controllers_executor_does_not_fail_when_a_worker_dies_during_a_command(bus):
+    names = bus.names
+    rpc = CommandClient(bus, timeout_s=60.0, max_attempts=3)
+    await rpc.start()
+    executor = Executor(bus=bus, rpc=rpc)
+    await executor.start()
+    await bus.redis.set(names.worker_heartbeat(REPLICA), b"1", px=LEASE_MS)
+    started = time.monotonic()
+    await executor.perform(ex.WorkerCall(replica_ids=(REPLICA,), action=CommandAction.WAKE))
+    assert time.monotonic() - started < 3.0
+    await executor.close()
+    await rpc.close()
+    assert await bus.redis.xlen(names.worker_commands(REPLICA)) == 1  # there for its return
