@@ -292,7 +292,12 @@ def test_a_standalone_worker_killed_mid_run_rejoins_the_push_group_and_nothing_i
     later = [e for e in audit if e.kind is AuditKind.PUSH and "standalone_0" in e.replica_ids
              and e.version > killed_at + 1]
     assert later and all(e.ok for e in later[-3:]), later
-    assert "restarted since its push group formed" in (out / "logs" / "trainer.log").read_text()
+    # The group is formed anew: either the trainer saw the new incarnation at its next push, or the
+    # kill landed mid-push, that push failed (and closed the group) and the next one formed it anew.
+    failed = [e for e in audit if e.kind is AuditKind.PUSH and "standalone_0" in e.replica_ids
+              and e.ok is False]
+    trainer_log = (out / "logs" / "trainer.log").read_text()
+    assert "restarted since its push group formed" in trainer_log or failed, trainer_log[-2000:]
     # The restarted worker loaded the last published weights before serving: nothing trained after
     # the kill was generated with the base model (version 0) it starts from.
     at = job.config.async_training
