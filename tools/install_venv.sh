@@ -23,7 +23,7 @@ install_with_uv() {
     for dir in $(pip_config global.find-links); do args+=(--find-links "$dir"); done
     constraint=$(pip_config global.constraint)
     [[ -n $constraint ]] && args+=(--constraint "$constraint")
-    .venv/bin/uv pip install -q "${args[@]}" -e ".[$extras]"
+    .venv/bin/uv pip install -q --compile-bytecode "${args[@]}" -e ".[$extras]"
 }
 
 if ! install_with_uv; then
