@@ -28,6 +28,7 @@ import redis
 
 from policies.check import load_checked_config
 from services import launcher
+from shared.admin_auth import load_admin_token
 from shared.config import Config, config_json_schema
 from shared.names import DEFAULT_NAMESPACE, Names, RunStatus
 
@@ -133,7 +134,12 @@ def call_admin(address: str, method: str, path: str, body: dict[str, Any] | None
     """One admin request; its JSON answer, or CliError carrying the server's own error text."""
     url = f"http://{address}{path}"
     try:
-        response = httpx.request(method, url, json=body, timeout=HTTP_TIMEOUT_S)
+        token = load_admin_token()
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.request(method, url, json=body, headers=headers, timeout=HTTP_TIMEOUT_S)
     except httpx.HTTPError as exc:
         raise CliError(f"{method} {url} failed: {exc}") from exc
     if response.is_error:
