@@ -28,7 +28,7 @@ import redis
 
 from policies.check import load_checked_config
 from services import launcher
-from shared.admin_auth import load_admin_token
+from shared.admin_auth import check_bind, load_admin_token
 from shared.config import Config, config_json_schema
 from shared.names import DEFAULT_NAMESPACE, Names, RunStatus
 
@@ -52,6 +52,15 @@ def check_config(config_path: str) -> Config:
         raise CliError(f"config file not found: {config_path}")
     try:
         return load_checked_config(config_path)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def check_admin(config: Config) -> None:
+    """A controller told to bind off loopback without an admin token would refuse to start: say so
+    before anything starts (the controller reads the same environment)."""
+    try:
+        check_bind(config.run.admin_host, load_admin_token())
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -254,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, _raise_interrupt)
     try:
         if args.command in ("run", "up"):
-            check_config(args.config)
+            check_admin(check_config(args.config))
             check_redis(args.redis_url)
             out_dir = args.out or default_out_dir(args.config, "up-" if args.command == "up" else "")
             if args.command == "up":

@@ -174,6 +174,22 @@ def test_an_unreadable_token_file_is_one_line_before_any_request(admin: tuple[st
     assert err.count("\n") == 1 and "cannot read the admin token" in err and calls == []
 
 
+@pytest.mark.parametrize("command", ["run", "up"])
+def test_an_admin_api_off_loopback_without_a_token_is_one_line_before_anything_starts(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "sim_small.yaml").read_text())
+    data["run"]["admin_host"] = "0.0.0.0"
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump(data))
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
+    assert main([command, "--config", str(config), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run.admin_host=0.0.0.0 is not a loopback address" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_status_without_a_published_address_says_where_it_looked(
         redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--redis-url", redis_server.url, "--namespace", "nobody"]) == 1
