@@ -1,6 +1,7 @@
 """Supervised loops and liveness, as a restart policy and a healthcheck see them (real processes,
 real Redis): a process whose loop fails exits non-zero within seconds, also when another loop will
-not cancel; a hung process and a stuck loop are reported unhealthy by `python -m shared.health`."""
+not cancel; a hung process and a stuck loop are reported unhealthy by `python -m shared.health`, and
+a stuck loop makes the controller's /healthz answer 503."""
 
 from __future__ import annotations
 
@@ -13,14 +14,20 @@ import textwrap
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 import yaml
 
+from services.controller.admin import PrometheusExporter, build_app
+from services.controller.service import Controller
+from shared.bus import Bus
 from shared.config import config_to_dict
 from shared.health import main as health_main
+from shared.liveness import LIVENESS
 from shared.names import HEALTH_TTL_S, Names
 from shared.runtime import EXIT_GRACE_S
+from shared.streams import connect
 from tests.conftest import RedisServer
 from tests.stack import sim_config
 
@@ -152,3 +159,24 @@ def test_the_health_check_names_a_stale_loop(redis_server: RedisServer, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "stale loops" in err and "trainer.cycle 45s" in err
     assert "trainer.commands" not in err
+
+
+async def test_the_controllers_healthz_is_503_naming_a_loop_that_made_no_progress(
+        redis_server: RedisServer) -> None:
+    config = sim_config(run={"namespace": "sup", "loop_stale_s": 5.0})
+    bus = Bus(connect(redis_server.url), Names("sup"))
+    app = build_app(Controller(bus=bus, config=config), PrometheusExporter())
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            LIVENESS.enter("test.stuck")
+            assert (await client.get("/healthz")).status_code == 200
+            LIVENESS.beats["test.stuck"] -= 6.0  # its last beat, 6 s ago
+            stale = await client.get("/healthz")
+            assert stale.status_code == 503 and stale.json()["stale"] == ["test.stuck"]
+            assert stale.json()["redis"] is True
+            LIVENESS.leave("test.stuck")  # a loop that returned is not stale
+            assert (await client.get("/healthz")).status_code == 200
+    finally:
+        LIVENESS.leave("test.stuck")
+        await bus.redis.aclose()
