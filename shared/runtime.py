@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -81,6 +82,8 @@ class _ExitWatchdog:
 
 
 _WATCHDOG = _ExitWatchdog()
+_LOGGED = "_dynsched_loop_failure_logged"
+"""Marks an exception its loop has logged, so the loops it passes through on its way out do not."""
 
 
 async def supervise(loops: Mapping[str, Coroutine[Any, Any, None]]) -> None:
@@ -110,8 +113,11 @@ async def _run_loop(name: str, loop: Coroutine[Any, Any, None]) -> None:
         await loop
     except asyncio.CancelledError:
         raise
-    except BaseException:
-        log.exception("loop %s failed: stopping the process (exit status 1)", name)
+    except BaseException as exc:
+        if not getattr(exc, _LOGGED, False):  # an outer loop re-raising an inner one's failure
+            log.exception("loop %s failed: stopping the process (exit status 1)", name)
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(exc, _LOGGED, True)
         _WATCHDOG.arm()
         raise
     finally:
