@@ -28,6 +28,7 @@ import redis
 
 from policies.check import load_checked_config
 from services import launcher
+from shared.admin_auth import check_bind, load_admin_token
 from shared.config import Config, config_json_schema
 from shared.names import DEFAULT_NAMESPACE, Names, RunStatus
 
@@ -51,6 +52,15 @@ def check_config(config_path: str) -> Config:
         raise CliError(f"config file not found: {config_path}")
     try:
         return load_checked_config(config_path)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def check_admin(config: Config) -> None:
+    """A controller told to bind off loopback without an admin token would refuse to start: say so
+    before anything starts (the controller reads the same environment)."""
+    try:
+        check_bind(config.run.admin_host, load_admin_token())
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -133,7 +143,12 @@ def call_admin(address: str, method: str, path: str, body: dict[str, Any] | None
     """One admin request; its JSON answer, or CliError carrying the server's own error text."""
     url = f"http://{address}{path}"
     try:
-        response = httpx.request(method, url, json=body, timeout=HTTP_TIMEOUT_S)
+        token = load_admin_token()
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.request(method, url, json=body, headers=headers, timeout=HTTP_TIMEOUT_S)
     except httpx.HTTPError as exc:
         raise CliError(f"{method} {url} failed: {exc}") from exc
     if response.is_error:
@@ -248,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, _raise_interrupt)
     try:
         if args.command in ("run", "up"):
-            check_config(args.config)
+            check_admin(check_config(args.config))
             check_redis(args.redis_url)
             out_dir = args.out or default_out_dir(args.config, "up-" if args.command == "up" else "")
             if args.command == "up":

@@ -80,6 +80,11 @@ class RunConfig(_Section):
     """Prefix of every Redis key of the run; letters, digits, '_', '.' and '-' only."""
     admin_port: Annotated[int, Field(ge=0, le=65535)] = 0
     """Controller admin API port; 0 picks a free one (published in Redis for the CLI)."""
+    admin_host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    """Address the admin API binds. Anything but a loopback address needs an admin token
+    (DYNSCHED_ADMIN_TOKEN or DYNSCHED_ADMIN_TOKEN_FILE) and then requires it on every endpoint."""
+    loop_stale_s: Positive = 120.0
+    """Wall seconds without progress after which a service loop counts as stuck (health: 503)."""
     work_dir: str = "runs/work"
     """Real backends: published weight versions (`weights/`) and trainer checkpoints (`checkpoints/`)."""
 

@@ -37,6 +37,10 @@ WORKER_GROUP = "worker"
 # Leases and timeouts.
 HEARTBEAT_TTL_S = 10
 """A service whose heartbeat key is older than this is considered dead."""
+HEALTH_INTERVAL_S = 2.0
+"""How often a service process publishes its loops' ages (`Names.health`)."""
+HEALTH_TTL_S = 10
+"""A process whose health key is older than this is down, hung, or cut off from Redis."""
 MAX_DELIVERIES = 5
 """An entry delivered this many times without an ack goes to the dead-letter stream."""
 
@@ -242,6 +246,17 @@ class Names:
     def worker_heartbeat(self, replica_id: str) -> str:
         """String key with a TTL: the worker process's incarnation id while it is alive."""
         return self._key("heartbeat", f"worker:{replica_id}")
+
+    def health(self, service: str) -> str:
+        """String key with a TTL: JSON {loop: seconds since its last beat} of one service process
+        (shared.health publishes it, `python -m shared.health` checks it)."""
+        return self._key("health", service)
+
+    @property
+    def controller_policy(self) -> str:
+        """The policy name chosen through the admin API (PUT /policy): a restarted controller uses
+        it instead of the config's."""
+        return self._key("controller", "policy")
 
     def lease(self, consumer: str) -> str:
         return self._key("lease", consumer)

@@ -26,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.bus import Bus, text
+from shared.liveness import beat
 from shared.schema import Command, CommandAck, CommandAction, decode
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class CommandClient:
                      lease_key: str | None) -> CommandAck:
         """The ack; PeerGone as soon as `lease_key` expires, CommandFailed if the ack reader died."""
         while True:
+            beat()  # waiting on a peer is progress of the caller's loop while the peer is alive
             done, _ = await asyncio.wait({future}, timeout=LEASE_POLL_S)  # wait() never cancels it
             if done:
                 return future.result()

@@ -1,22 +1,40 @@
-"""What every service's `main` shares: arguments, logging, signals, the bus.
+"""What every service's `main` shares: arguments, logging, signals, the bus, supervised loops.
 
 Where it sits: `services/<name>/__main__.py` calls `service_args` and
-`run_until_stopped`; nothing here knows about any particular service.
+`run_until_stopped`; each service runs its loops with `supervise`. Nothing here
+knows about any particular service.
+
+Supervision: a service's loops run as one task group. When one loop fails, the
+others are cancelled and the failure ends the process with a non-zero status, so
+its restart policy (compose's `restart:`, the launcher) starts a fresh one. A
+process never lingers half-alive: once a loop has failed, a watchdog ends the
+process (status 1) if shutdown has not finished within EXIT_GRACE_S (a loop that
+will not cancel, a thread stuck in a call).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from shared.bus import Bus
 from shared.config import Config, load_config
+from shared.liveness import LIVENESS, beat, current_loop
 from shared.names import Names
 from shared.streams import connect
+
+log = logging.getLogger(__name__)
+EXIT_GRACE_S = 10.0
+"""After a loop failed, the process exits (status 1) within this long even if shutdown hangs."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -31,12 +49,79 @@ async def sleep_unless(event: asyncio.Event, timeout_s: float) -> bool:
 
     Uses `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` can swallow a
     cancellation that races with completion, leaving a cancelled service running."""
+    beat()
     try:
         async with asyncio.timeout(timeout_s):
             await event.wait()
     except TimeoutError:
         return False
+    finally:
+        beat()
     return True
+
+
+class _ExitWatchdog:
+    """Armed by the first failed loop of a service process (`run_until_stopped` enables it; in a
+    test's event loop it stays off): ends the process with status 1 after EXIT_GRACE_S."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        if self.enabled and self._timer is None:
+            self._timer = threading.Timer(EXIT_GRACE_S, self._exit)
+            self._timer.daemon = True
+            self._timer.start()
+
+    @staticmethod
+    def _exit() -> None:
+        print(f"shutdown still running {EXIT_GRACE_S:.0f}s after a loop failed: exiting with status 1",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+_WATCHDOG = _ExitWatchdog()
+_LOGGED = "_dynsched_loop_failure_logged"
+"""Marks an exception its loop has logged, so the loops it passes through on its way out do not."""
+
+
+async def supervise(loops: Mapping[str, Coroutine[Any, Any, None]]) -> None:
+    """Run `loops` (name -> coroutine) as one task group until all return. The first to raise
+    cancels the others and its exception is raised here (the group's, if several failed), so the
+    process exits non-zero. Each loop is named for liveness (shared.liveness); the caller's own
+    loop, if any, is represented by these while they run."""
+    outer = current_loop()
+    if outer is not None:
+        LIVENESS.leave(outer)
+    try:
+        async with asyncio.TaskGroup() as group:
+            for name, loop in loops.items():
+                group.create_task(_run_loop(name, loop), name=name)
+    except BaseExceptionGroup as failed:
+        if len(failed.exceptions) == 1:
+            raise failed.exceptions[0] from None
+        raise
+    finally:
+        if outer is not None:
+            LIVENESS.enter(outer)
+
+
+async def _run_loop(name: str, loop: Coroutine[Any, Any, None]) -> None:
+    LIVENESS.enter(name)
+    try:
+        await loop
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        if not getattr(exc, _LOGGED, False):  # an outer loop re-raising an inner one's failure
+            log.exception("loop %s failed: stopping the process (exit status 1)", name)
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(exc, _LOGGED, True)
+        _WATCHDOG.arm()
+        raise
+    finally:
+        LIVENESS.leave(name)
 
 
 def service_args(description: str, argv: list[str] | None = None,
@@ -57,9 +142,12 @@ def load(args: argparse.Namespace) -> tuple[Config, Names]:
     return config, Names(config.run.namespace)
 
 
-def run_until_stopped(body: Callable[[Bus, asyncio.Event], Awaitable[None]], *, redis_url: str,
-                      names: Names) -> None:
-    """Run `body(bus, stop)`; SIGTERM/SIGINT set `stop`; the Redis client is closed in `finally`."""
+def run_until_stopped(body: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, None]], *, redis_url: str,
+                      names: Names, service: str) -> None:
+    """Run `body(bus, stop)` as the loop `service`, next to the loop publishing this process's
+    health (shared.health); SIGTERM/SIGINT set `stop`. A failed loop exits the process with
+    status 1 (promptly: see `supervise`); the Redis client is closed in `finally`."""
+    from shared.health import publish_health  # health imports this module
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -67,9 +155,23 @@ def run_until_stopped(body: Callable[[Bus, asyncio.Event], Awaitable[None]], *, 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         redis = connect(redis_url)
+        bus = Bus(redis, names)
+        body_done = asyncio.Event()
+
+        async def run_body() -> None:
+            try:
+                await body(bus, stop)
+            finally:
+                body_done.set()  # the process ends with its body, health loop included
+
         try:
-            await body(Bus(redis, names), stop)
+            await supervise({service: run_body(),
+                             f"{service}.health": publish_health(bus, service, body_done)})
         finally:
             await redis.aclose()
 
-    asyncio.run(main())
+    _WATCHDOG.enabled = True
+    try:
+        asyncio.run(main())
+    except Exception:  # logged by the loop that failed
+        sys.exit(1)

@@ -37,6 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from shared.liveness import beat
 from shared.names import Names
 from shared.redis_client import BLOCK_MS as BLOCK_MS
 from shared.redis_client import SOCKET_TIMEOUT_S as SOCKET_TIMEOUT_S
@@ -146,6 +147,7 @@ class StreamConsumer:
         """
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
+        beat()  # a loop that reads is a loop that makes progress (shared.liveness)
         timeout_s = self.r.connection_pool.connection_kwargs.get("socket_timeout")
         if block_ms < 0 or (timeout_s is not None and block_ms >= timeout_s * 1000 / 2):
             raise ValueError(f"block_ms={block_ms} must be >= 0 and below half the socket timeout "

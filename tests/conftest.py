@@ -9,6 +9,7 @@ client on it, bytes in and out). ``RedisServer`` is a plain helper
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -87,6 +88,16 @@ class RedisServer:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: it keeps its connections but answers nothing (unreachable, not gone)."""
+        assert self._proc is not None, "not running"
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT a frozen server: it answers again, with its data."""
+        assert self._proc is not None, "not running"
+        self._proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         """Terminate gracefully, falling back to SIGKILL."""

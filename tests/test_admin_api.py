@@ -24,9 +24,10 @@ async def admin(redis_server: RedisServer) -> AsyncIterator[tuple[Stack, httpx.A
     stack = Stack(sim_config(data={"total_rollout_steps": 96}), redis_server.url)
     await stack.start()
     assert stack.controller is not None
-    transport = httpx.ASGITransport(app=build_app(stack.controller, PrometheusExporter()))
+    transport = httpx.ASGITransport(app=build_app(stack.controller, PrometheusExporter(), token="t"))
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin",
+                                     headers={"Authorization": "Bearer t"}) as client:
             yield stack, client
     finally:
         await stack.close()

@@ -16,10 +16,11 @@ import pytest
 import redis
 import uvicorn
 import yaml
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, Field
 
 from services.cli import main
+from shared.admin_auth import TOKEN_ENV, TOKEN_FILE_ENV
 from shared.names import Names
 from shared.runtime import free_port
 from tests.conftest import RedisServer
@@ -42,8 +43,8 @@ def _stand_in_app(calls: list[str]) -> FastAPI:
         return {"mode": "standalone_only", "activations": 2, "deactivations": 1}
 
     @app.post("/activate")
-    async def activate() -> dict[str, Any]:
-        calls.append("POST /activate")
+    async def activate(authorization: str = Header(default="")) -> dict[str, Any]:
+        calls.append("POST /activate" + (f" ({authorization})" if authorization else ""))
         return {"pending_force": "activate"}
 
     @app.put("/policy")
@@ -140,11 +141,53 @@ def test_status_finds_the_admin_address_in_redis_and_prints_json(
     assert calls == ["GET /status"]
 
 
-def test_activate_posts_to_the_admin_api(admin: tuple[str, list[str]],
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_activate_posts_to_the_admin_api(admin: tuple[str, list[str]], capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     address, calls = admin
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
     assert main(["activate", "--admin", address]) == 0
     assert calls == ["POST /activate"]
+
+
+def test_admin_commands_send_the_token_from_the_environment(admin: tuple[str, list[str]], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    address, calls = admin
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.setenv(TOKEN_FILE_ENV, str(token_file))
+    assert main(["activate", "--admin", address]) == 0
+    monkeypatch.setenv(TOKEN_ENV, "from-the-variable")
+    assert main(["activate", "--admin", address]) == 0
+    assert calls == ["POST /activate (Bearer from-a-file)", "POST /activate (Bearer from-the-variable)"]
+
+
+def test_an_unreadable_token_file_is_one_line_before_any_request(admin: tuple[str, list[str]], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    address, calls = admin
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.setenv(TOKEN_FILE_ENV, str(tmp_path / "missing"))
+    assert main(["activate", "--admin", address]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read the admin token" in err and calls == []
+
+
+@pytest.mark.parametrize("command", ["run", "up"])
+def test_an_admin_api_off_loopback_without_a_token_is_one_line_before_anything_starts(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "sim_small.yaml").read_text())
+    data["run"]["admin_host"] = "0.0.0.0"
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump(data))
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
+    assert main([command, "--config", str(config), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run.admin_host=0.0.0.0 is not a loopback address" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_status_without_a_published_address_says_where_it_looked(

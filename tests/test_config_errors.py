@@ -31,6 +31,8 @@ MISTAKES = [  # (id, file text or a change to sim_small, what the line must say)
     ("inf", ("async_training", "staleness_threshold", float("inf")),
      r"async_training\.staleness_threshold=inf is invalid: expected a finite number"),
     ("nan", ("run", "time_scale", float("nan")), r"run\.time_scale=nan is invalid: expected a finite number"),
+    ("inf_time_scale", ("run", "time_scale", float("inf")),  # written as YAML's `.inf`
+     r"run\.time_scale=inf is invalid: expected a finite number"),
     ("negative_duration", ("trainer", "offload_s", -1.0),
      r"trainer\.offload_s=-1\.0 is invalid: expected >= 0"),
     ("unknown_key", ("trainer", "bogus", 1), r"unknown key trainer\.bogus; known under trainer: backend, "),

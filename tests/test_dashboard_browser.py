@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.admin_auth import TOKEN_ENV
 from tests.live_run import live_run, wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
@@ -54,9 +55,10 @@ def updates(driver: Any) -> int:
 
 @pytest.mark.timeout(300)
 def test_the_dashboard_updates_while_a_run_progresses_and_its_buttons_reach_the_controller(
-        tmp_path: Path, browser: Any) -> None:
+        tmp_path: Path, browser: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "browser-token")  # the launcher's services inherit it
     with live_run(tmp_path, time_scale=0.12, policy="default", total_rollout_steps=640) as (job, address):
-        browser.get(f"http://{address}/dashboard")
+        browser.get(f"http://{address}/dashboard#token=browser-token")  # the page's buttons send it
         assert "dynsched" in browser.title
         wait_for(lambda: updates(browser) >= 1, timeout_s=30, what="the page's first update", job=job)
         wait_for(lambda: text_of(browser, "versions").startswith("v2"), timeout_s=120,

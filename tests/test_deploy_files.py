@@ -46,3 +46,26 @@ def test_the_cpu_copy_drops_only_the_gpu_reservations() -> None:
     for name, service in cpu["services"].items():
         assert "deploy" not in service
         assert {k: v for k, v in SERVICES[name].items() if k != "deploy"} == service, name
+
+
+def test_every_dynsched_service_has_a_healthcheck_naming_its_own_health_key() -> None:
+    for name, service in SERVICES.items():
+        if name in ("redis", "prometheus", "grafana"):
+            continue
+        test = service["healthcheck"]["test"]
+        if name == "controller":
+            assert "/healthz" in " ".join(test)
+            continue
+        assert test[1:4] == ["python", "-m", "shared.health"], name
+        replica = next((arg for prev, arg in zip(service["command"], service["command"][1:], strict=False)
+                        if prev == "--replica-id"), None)
+        assert test[-1] == (f"rollout_worker.{replica}" if replica else name), name
+
+
+def test_the_admin_token_is_a_secret_of_the_controller_and_prometheus() -> None:
+    assert "admin_token" in COMPOSE["secrets"]
+    assert SERVICES["controller"]["secrets"] == SERVICES["prometheus"]["secrets"] == ["admin_token"]
+    assert SERVICES["controller"]["environment"]["DYNSCHED_ADMIN_TOKEN_FILE"] == "/run/secrets/admin_token"
+    prometheus = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
+    job = prometheus["scrape_configs"][0]
+    assert job["authorization"]["credentials_file"] == "/run/secrets/admin_token"

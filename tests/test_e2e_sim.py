@@ -143,9 +143,10 @@ async def test_admin_forced_activation_happens_at_the_next_sync_with_the_normal_
     stack = Stack(sim_config(async_training=static), redis_server.url)
     await stack.start()
     assert stack.controller is not None
-    transport = httpx.ASGITransport(app=build_app(stack.controller, PrometheusExporter()))
+    transport = httpx.ASGITransport(app=build_app(stack.controller, PrometheusExporter(), token="t"))
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin",
+                                     headers={"Authorization": "Bearer t"}) as client:
             response = await client.post("/activate")
             assert response.status_code == 202
             assert (await client.put("/policy", json={"deactivate_ratio": 2})).status_code == 422

@@ -57,9 +57,11 @@ def test_fresh_deletes_only_the_keys_of_its_namespace(redis_server: RedisServer)
         client.xadd(mine.audit, {"type": "x"})
         client.hset(other.accounting, AccountingField.FED, 5)
         client.set("unrelated", 1)
+        client.set("mine2:accounting", 1)  # another application whose prefix only starts the same
+        client.set("mineaccounting", 1)
         claim_namespace(client, mine, fresh=True)
         assert not client.exists(mine.accounting, mine.audit)
-        assert client.exists(other.accounting, "unrelated") == 2
+        assert client.exists(other.accounting, "unrelated", "mine2:accounting", "mineaccounting") == 4
 
 
 def test_an_empty_namespace_is_claimed_without_fresh(redis_server: RedisServer) -> None:

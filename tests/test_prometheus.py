@@ -42,6 +42,8 @@ def prometheus(tmp_path: Path) -> Iterator[Any]:
         config["global"]["scrape_interval"] = "1s"
         job = next(j for j in config["scrape_configs"] if j["job_name"] == "dynsched-controller")
         job["static_configs"] = [{"targets": [target]}]
+        (tmp_path / "admin_token").write_text("prometheus-token\n")  # compose mounts the real one
+        job["authorization"] = {"credentials_file": str(tmp_path / "admin_token")}
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
         port = free_port()
         assert PROMETHEUS is not None

@@ -88,6 +88,10 @@ COMPOSE_FILE_CPU=$SMOKE_DIR/compose.cpu.yaml
 "$PYTHON" tools/compose_cpu.py compose.yaml >"$COMPOSE_FILE_CPU"
 REDIS_PORT=$(free_port)
 ADMIN_PORT=$(free_port)
+TOKEN_FILE=$SMOKE_DIR/admin_token  # the admin API listens beyond loopback in its container: a token
+"$PYTHON" -c "import secrets; print(secrets.token_hex(16))" >"$TOKEN_FILE"
+AUTH="Authorization: Bearer $(cat "$TOKEN_FILE")"
+export DYNSCHED_ADMIN_TOKEN_PATH=$TOKEN_FILE
 export DYNSCHED_CONFIG=$CONFIG DYNSCHED_IMAGE_TAG=$IMAGE_TAG DYNSCHED_DOCKERFILE=docker/Dockerfile \
     DYNSCHED_REDIS_IMAGE=dynsched:$IMAGE_TAG DYNSCHED_REDIS_PORT=$REDIS_PORT DYNSCHED_ADMIN_PORT=$ADMIN_PORT \
     COMPOSE_PROFILES=control,trainer,rollout
@@ -119,7 +123,7 @@ log "run done; inspecting it from the host"
     echo "== redis-cli HGETALL $NAMESPACE:accounting"; rcli HGETALL "$NAMESPACE:accounting"
     echo "== redis-cli XINFO GROUPS $NAMESPACE:mq"; rcli XINFO GROUPS "$NAMESPACE:mq"
     echo "== redis-cli XLEN $NAMESPACE:audit"; rcli XLEN "$NAMESPACE:audit"
-    echo "== GET /status"; curl -sf "http://127.0.0.1:$ADMIN_PORT/status"; echo
+    echo "== GET /status"; curl -sf -H "$AUTH" "http://127.0.0.1:$ADMIN_PORT/status"; echo
 } >"$SMOKE_DIR/inspect.txt"
 read -r fed generating queued trained dropped < <(for field in fed generating queued trained dropped; do
     v=$(rcli HGET "$NAMESPACE:accounting" "$field"); echo -n "${v:-0} "; done; echo)
@@ -130,11 +134,11 @@ log "samples: fed=$fed generating=$generating queued=$queued trained=$trained dr
 groups=$(rcli XINFO GROUPS "$NAMESPACE:mq" | tr '\n' ' ')
 [[ $groups == *trainer* ]] || { log "FAIL: the MessageQueue has no trainer group: $groups"; exit 1; }
 ((  $(rcli XLEN "$NAMESPACE:audit") > 0 )) || { log "FAIL: the audit stream is empty"; exit 1; }
-status_json=$(curl -sf "http://127.0.0.1:$ADMIN_PORT/status")
+status_json=$(curl -sf -H "$AUTH" "http://127.0.0.1:$ADMIN_PORT/status")
 [[ $status_json == *'"finished":true'* ]] || { log "FAIL: /status does not say finished"; exit 1; }
-code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$ADMIN_PORT/activate")
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "$AUTH" -X POST "http://127.0.0.1:$ADMIN_PORT/activate")
 [[ $code == 409 ]] || { log "FAIL: POST /activate after the run answered $code, not 409"; exit 1; }
-metrics=$(curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics")  # not piped into grep -q: pipefail + SIGPIPE
+metrics=$(curl -sf -H "$AUTH" "http://127.0.0.1:$ADMIN_PORT/metrics")  # not piped into grep -q: pipefail + SIGPIPE
 grep -q '^dynamic_resource_mq_size ' <<<"$metrics" \
     || { log "FAIL: /metrics lacks dynamic_resource_mq_size"; exit 1; }
 log "PASS in $((SECONDS - t_start))s (details: $SMOKE_DIR/inspect.txt)"

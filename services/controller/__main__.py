@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
 
 import uvicorn
 
 from services.controller.admin import PrometheusExporter, build_app
 from services.controller.service import Controller
+from shared.admin_auth import check_bind, is_loopback, load_admin_token
 from shared.bus import Bus
-from shared.runtime import load, run_until_stopped, service_args
+from shared.liveness import untrack
+from shared.runtime import load, run_until_stopped, service_args, supervise
 
 
 class _QuietServer(uvicorn.Server):
@@ -25,24 +28,40 @@ class _QuietServer(uvicorn.Server):
 def main(argv: list[str] | None = None) -> None:
     args = service_args("dynsched controller", argv)
     config, names = load(args)
+    host = config.run.admin_host
+    try:
+        token = load_admin_token()
+        check_bind(host, token)
+    except ValueError as exc:
+        sys.exit(f"dynsched controller: error: {exc}")
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         controller = Controller(bus=bus, config=config)
         exporter = PrometheusExporter()
-        sock = socket.socket()
-        sock.bind(("0.0.0.0", config.run.admin_port))
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart reuses a fixed port at once
+        sock.bind((host, config.run.admin_port))
         # Where the CLI should reach us: 127.0.0.1 locally, the service name under compose.
-        host, port = os.environ.get("DYNSCHED_ADVERTISE_HOST", "127.0.0.1"), sock.getsockname()[1]
-        server = _QuietServer(uvicorn.Config(build_app(controller, exporter), log_level="warning"))
-        api = asyncio.create_task(server.serve(sockets=[sock]))
-        await bus.redis.set(names.controller_admin, f"{host}:{port}")
-        try:
-            await controller.run(stop)
-        finally:
-            server.should_exit = True
-            await api
+        advertised, port = os.environ.get("DYNSCHED_ADVERTISE_HOST", "127.0.0.1"), sock.getsockname()[1]
+        app = build_app(controller, exporter, token=token, loopback=is_loopback(host))
+        server = _QuietServer(uvicorn.Config(app, log_level="warning"))
+        await bus.redis.set(names.controller_admin, f"{advertised}:{port}")
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names)
+        async def serve_api() -> None:
+            untrack()  # its liveness is that it answers /healthz
+            await server.serve(sockets=[sock])
+            if not stop.is_set():
+                raise RuntimeError("the admin API server stopped on its own")
+
+        async def run_controller() -> None:
+            try:
+                await controller.run(stop)
+            finally:
+                server.should_exit = True
+
+        await supervise({"controller.api": serve_api(), "controller.events": run_controller()})
+
+    run_until_stopped(body, redis_url=args.redis_url, names=names, service="controller")
 
 
 if __name__ == "__main__":

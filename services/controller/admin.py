@@ -5,10 +5,15 @@ event loop as the controller, so handlers read and steer the live
 `Controller` without locks. Forced switches are queued in the core and
 applied at the next safe point with the normal ordering.
 
-Endpoints: GET /healthz, GET /status, POST /activate, POST /deactivate,
-GET /policy, PUT /policy, GET /metrics (Prometheus text), and the live dashboard
-(GET /dashboard and its JSON, dashboard.py). Bad requests get a 4xx with a message
-that says what was wrong; a switch asked for after the run finished gets 409.
+Endpoints: GET /healthz (liveness: every loop made progress within run.loop_stale_s and
+Redis answers, else 503), GET /readyz (connected and the controller holds its state, else
+503), GET /status, POST /activate, POST /deactivate, GET /policy, PUT /policy, GET /metrics
+(Prometheus text), and the live dashboard (GET /dashboard and its JSON, dashboard.py).
+admin_guard.py stands in front: the bearer token, and bodies capped at 64 KB (413).
+Bad requests get a 4xx with a message that says what was wrong (422 for a value of the
+wrong type, NaN or an infinity, never echoing the value back); a switch asked for after the
+run finished gets 409. A policy chosen with PUT /policy is kept in Redis, so a restarted
+controller goes on with it.
 """
 
 from __future__ import annotations
@@ -16,21 +21,28 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.controller import Mode
 from policies import build_policy, registered_policies
+from services.controller.admin_guard import AdminGuard
 from services.controller.dashboard import add_dashboard
 from services.controller.service import Controller
 from shared.bus import text
+from shared.health import redis_reachable
+from shared.liveness import LIVENESS, stale_loops
 from shared.names import TRAINER_GROUP, RunStateField, RunStatus, TrainerStateField
 from shared.streams import group_lag
 
 
 class PolicyUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Strict: `true` or "0.5" is not a ratio, and NaN / infinities (1e309) are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     name: str | None = Field(default=None, description="a registered policy name")
     deactivate_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
 
@@ -53,14 +65,15 @@ class PrometheusExporter:
         return bytes(generate_latest(self.registry))
 
 
-def build_app(controller: Controller, exporter: PrometheusExporter) -> FastAPI:
+def build_app(controller: Controller, exporter: PrometheusExporter, *, token: str = "",
+              loopback: bool = True) -> FastAPI:
+    """The admin app; `token` '' = none configured (then only reads, and only on loopback)."""
     app = FastAPI(title="dynsched controller", version="0.1.0")
+    app.add_middleware(AdminGuard, token=token, loopback=loopback)
     bus = controller.bus
     controller.on_metrics.append(exporter.update)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, bool]:
-        return {"ok": True}
+    _add_probes_and_errors(app, controller)
 
     @app.get("/status")
     async def status() -> dict[str, Any]:
@@ -95,6 +108,8 @@ def build_app(controller: Controller, exporter: PrometheusExporter) -> FastAPI:
             apply_policy_update(controller, update)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
+        if update.name is not None:  # kept over the config's by a restarted controller (service.py)
+            await bus.redis.set(bus.names.controller_policy, controller.core.policy.policy_name)
         await controller.persist()
         return controller.core.policy.describe()
 
@@ -110,6 +125,34 @@ def build_app(controller: Controller, exporter: PrometheusExporter) -> FastAPI:
 
     add_dashboard(app, controller)
     return app
+
+
+def _add_probes_and_errors(app: FastAPI, controller: Controller) -> None:
+    """/healthz, /readyz, and a 422 that never echoes the input back."""
+    bus = controller.bus
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's default echoes the input (NaN cannot be encoded: a 500; a huge body comes back)."""
+        return JSONResponse(status_code=422, content={"detail": [
+            {"loc": [str(part) for part in error.get("loc", ())], "msg": str(error.get("msg", "")),
+             "type": str(error.get("type", ""))} for error in exc.errors()]})
+
+    @app.get("/healthz")
+    async def healthz(response: Response) -> dict[str, Any]:
+        ages = LIVENESS.ages()
+        stale = stale_loops(ages, controller.config.run.loop_stale_s)
+        redis_ok = await redis_reachable(bus.redis)
+        ok = redis_ok and not stale
+        response.status_code = 200 if ok else 503
+        return {"ok": ok, "redis": redis_ok, "loops": ages, "stale": stale}
+
+    @app.get("/readyz")
+    async def readyz(response: Response) -> dict[str, Any]:
+        redis_ok = await redis_reachable(bus.redis)
+        has_state = redis_ok and controller.ready and bool(await bus.redis.exists(bus.names.controller_state))
+        response.status_code = 200 if has_state else 503
+        return {"ready": has_state, "redis": redis_ok, "state_restored": controller.ready}
 
 
 def pending_force_name(pending: bool | None) -> str | None:

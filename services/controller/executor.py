@@ -18,6 +18,7 @@ from typing import Any
 from core import executor as ex
 from core.sample_lifecycle import RolloutStatus
 from shared.bus import Bus, text
+from shared.liveness import beat
 from shared.names import TRAINER_GROUP
 from shared.names import RolloutStateField as F
 from shared.rpc import CommandClient
@@ -130,4 +131,5 @@ class Executor:
                          self.force_event.is_set())
                 self.force_event.clear()
                 return
+            beat()
             await asyncio.sleep(POLL_S)

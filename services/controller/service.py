@@ -29,10 +29,10 @@ from core import executor as ex
 from core import metrics as M
 from core.controller import ControllerCore, Mode
 from core.metrics import CycleAggregator
-from policies import DynamicScheduleContext, build_policy, load_policy_module
+from policies import DynamicScheduleContext, DynamicSchedulePolicyBase, build_policy, load_policy_module
 from services.controller.executor import Executor
 from services.controller.snapshot import HandledEvent, dump_snapshot, load_snapshot
-from shared.bus import Bus
+from shared.bus import Bus, text
 from shared.config import Config
 from shared.names import CONTROLLER_GROUP, RunStateField, RunStatus
 from shared.rpc import CommandClient
@@ -86,6 +86,8 @@ class Controller:
         self.last_metrics: dict[str, float] = {}
         self.on_metrics: list[Any] = []
         """Callbacks taking one cycle's metrics dict (the Prometheus exporter registers here)."""
+        self.ready = False
+        """Set once the core is restored (or created) and saved: the admin API's /readyz."""
 
     @property
     def core(self) -> ControllerCore:
@@ -97,6 +99,7 @@ class Controller:
     async def run(self, stop: asyncio.Event) -> None:
         """1. restore the core; 2. handle trainer events one at a time until `stop` or the run is done."""
         await self._restore()
+        self.ready = True
         await self.rpc.start()
         await self.executor.start()
         await self._announce_capacity()
@@ -133,11 +136,25 @@ class Controller:
             await self.persist()
             return
         core_state, self.last_event = load_snapshot(raw, key=self.bus.names.controller_state)
-        core = ControllerCore.restore(core_state, policy=self.core.policy)
+        core = ControllerCore.restore(core_state, policy=await self._chosen_policy())
         self.executor_core = ex.ExecutorCore(
             core=core, clock=time.monotonic,
             overlap_wake=self.config.async_training.dynamic_schedule_overlap_wake)
         log.info("restored controller: mode=%s last_event=%s", core.mode, self.last_event)
+
+    async def _chosen_policy(self) -> DynamicSchedulePolicyBase:
+        """The config's policy, unless the admin API chose another (Names.controller_policy)."""
+        policy = self.core.policy
+        chosen = await self.bus.redis.get(self.bus.names.controller_policy)
+        if chosen is None or text(chosen) == policy.policy_name:
+            return policy
+        try:
+            ratio = float(getattr(policy, "deactivate_ratio", 0.3))
+            return build_policy(text(chosen), deactivate_ratio=ratio, only_hybrid=self.config.only_hybrid)
+        except ValueError as exc:  # its module is no longer configured: say so, keep the config's
+            log.error("policy %r chosen through the admin API cannot be built (%s); using %r",
+                      text(chosen), exc, policy.policy_name)
+            return policy
 
     async def _announce_capacity(self) -> None:
         """Tell the rollouter how many replicas serve right now (standalones, plus hybrids if active)."""

@@ -32,7 +32,7 @@ from redis.exceptions import ResponseError
 from core.routing import LoadBalancerState, NoReplicaAvailable
 from shared.bus import Bus, Subscription, text
 from shared.names import LOADBALANCER_GROUP, WORKER_GROUP
-from shared.runtime import sleep_unless
+from shared.runtime import sleep_unless, supervise
 from shared.schema import (
     FINISHED,
     AuditEvent,
@@ -70,10 +70,13 @@ class LoadBalancer:
         requests = await self.bus.subscribe(names.lb_requests, LOADBALANCER_GROUP, CONSUMER)
         results = await self.bus.subscribe(names.lb_results, LOADBALANCER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.lb_commands, LOADBALANCER_GROUP, CONSUMER)
-        loops = [self._route(requests, stop), self._relay(results, stop), self._watch_replicas(stop),
-                 self.bus.serve_commands(commands, stop, sender=CONSUMER, apply=self._apply)]
+        loops = {"loadbalancer.route": self._route(requests, stop),
+                 "loadbalancer.relay": self._relay(results, stop),
+                 "loadbalancer.watch": self._watch_replicas(stop),
+                 "loadbalancer.commands": self.bus.serve_commands(commands, stop, sender=CONSUMER,
+                                                                  apply=self._apply)}
         try:
-            await asyncio.gather(*loops)
+            await supervise(loops)
         finally:
             for sub in (requests, results, commands):
                 await sub.close()

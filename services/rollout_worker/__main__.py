@@ -12,9 +12,15 @@ from services.rollout_worker.engine import Engine
 from services.rollout_worker.worker import RolloutWorker
 from shared.bus import Bus
 from shared.config import Config
-from shared.runtime import load, run_until_stopped, service_args
+from shared.liveness import untrack
+from shared.runtime import load, run_until_stopped, service_args, supervise
 
 STARTUP_TTL_S = 300
+
+
+def worker_service_name(replica_ids: list[str]) -> str:
+    """The process's name for its health key: `rollout_worker.ID` (IDs joined by ',')."""
+    return "rollout_worker." + ",".join(replica_ids)
 
 
 def build_engine(config: Config, replica_id: str) -> Engine:
@@ -44,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     config, names = load(args)
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
+        untrack()  # while engines start, the start-up lease says alive; the workers' loops, once they run
         incarnations = {replica_id: uuid.uuid4().hex[:12] for replica_id in args.replica_id}
         # alive while the engine starts (vLLM: tens of s)
         for replica_id, incarnation in incarnations.items():
@@ -57,12 +64,13 @@ def main(argv: list[str] | None = None) -> None:
                                          incarnation=incarnations[replica_id],
                                          push_timeout_s=config.rollout.weight_push_timeout_s))
         try:
-            await asyncio.gather(*(worker.run(stop) for worker in workers))
+            await supervise({f"replica.{w.replica_id}": w.run(stop) for w in workers})
         finally:
             for worker in workers:
                 await worker.engine.close()
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names)
+    run_until_stopped(body, redis_url=args.redis_url, names=names,
+                      service=worker_service_name(args.replica_id))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from core.replica import ReplicaState, transition
 from services.rollout_worker.engine import Engine
 from shared.bus import Bus, Subscription, text
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP, TrainerStateField
-from shared.runtime import sleep_unless
+from shared.runtime import sleep_unless, supervise
 from shared.schema import (
     PUSH_ACTIONS,
     AuditEvent,
@@ -85,16 +85,12 @@ class RolloutWorker:
         if self.state is ReplicaState.SLEEPING:
             await self.engine.sleep()
         await self._publish_state(None)
-        loops = [
-            asyncio.create_task(self._serve_commands(stop)),
-            asyncio.create_task(self._serve_requests(stop)),
-            asyncio.create_task(self._heartbeat(stop)),
-        ]
-        try:
-            await asyncio.gather(*loops)
+        prefix = f"rollout_worker.{self.replica_id}"
+        try:  # one failing loop cancels the others and fails the process (shared.runtime.supervise)
+            await supervise({f"{prefix}.commands": self._serve_commands(stop),
+                             f"{prefix}.requests": self._serve_requests(stop),
+                             f"{prefix}.heartbeat": self._heartbeat(stop)})
         finally:
-            for task in loops:
-                task.cancel()
             if self.wedged:  # the engine would not answer: leave it to the process's exit, and
                 # let the trainer's watch see this worker gone now rather than at the heartbeat's TTL
                 await self.bus.redis.delete(self.bus.names.worker_heartbeat(self.replica_id))

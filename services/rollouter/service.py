@@ -31,9 +31,10 @@ from core.sample_progress import SampleProgress, new_sample
 from services.rollouter.prompts import PromptSource
 from shared.bus import Bus, Subscription, text
 from shared.config import ROLLOUTER_MONITOR_INTERVAL_S, Config
+from shared.liveness import beat
 from shared.names import ROLLOUTER_GROUP, TRAINER_GROUP, AccountingField, SampleState
 from shared.names import RolloutStateField as F
-from shared.runtime import sleep_unless
+from shared.runtime import sleep_unless, supervise
 from shared.schema import (
     Command,
     CommandAction,
@@ -79,9 +80,12 @@ class Rollouter:
         results = await self.bus.subscribe(names.rollouter_results, ROLLOUTER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.rollouter_commands, ROLLOUTER_GROUP, CONSUMER)
         try:
-            await asyncio.gather(self._feed(stop), self._collect(results, stop), self._send_retries(stop),
-                                 self.bus.serve_commands(commands, stop, sender=CONSUMER, apply=self._apply),
-                                 self._monitor(stop))
+            await supervise({"rollouter.feed": self._feed(stop),
+                             "rollouter.collect": self._collect(results, stop),
+                             "rollouter.retries": self._send_retries(stop),
+                             "rollouter.commands": self.bus.serve_commands(commands, stop, sender=CONSUMER,
+                                                                           apply=self._apply),
+                             "rollouter.monitor": self._monitor(stop)})
         finally:
             await results.close()
             await commands.close()
@@ -108,6 +112,7 @@ class Rollouter:
         """1. ask the lifecycle for the next prompt (it stops while paused or without a free
         slot); 2. send its n requests; 3. otherwise wait for a result, command or un-pause."""
         while not stop.is_set() and not self.lifecycle.feed_done:
+            beat()
             was_paused = self.lifecycle.tracker.paused
             sample_id = self.lifecycle.next_sample(mq_size=await self._mq_size(), now_s=time.time())
             if sample_id is None:
@@ -167,6 +172,7 @@ class Rollouter:
             if due:
                 await self.bus.publish_many([(self.bus.names.lb_requests, r) for r in due])
                 self._retries = [(t, r) for t, r in self._retries if t > now]
+            beat()
             await asyncio.sleep(RETRY_POLL_S)
 
     async def _enqueue(self, progress: SampleProgress) -> None:

@@ -44,6 +44,7 @@ from shared.config import Config
 from shared.names import TRAINER_GROUP
 from shared.names import TrainerStateField as F
 from shared.rpc import CommandClient, CommandFailed
+from shared.runtime import supervise
 from shared.schema import (
     AuditEvent,
     AuditKind,
@@ -135,8 +136,9 @@ class Trainer:
         await self._rpc.start()
         await self._push_rpc.start()
         try:
-            await asyncio.gather(self._run_cycle(replies, mq, stop),
-                                 self.bus.serve_commands(commands, stop, sender=CONSUMER, apply=self._apply))
+            await supervise({"trainer.cycle": self._run_cycle(replies, mq, stop),
+                             "trainer.commands": self.bus.serve_commands(commands, stop, sender=CONSUMER,
+                                                                         apply=self._apply)})
         finally:
             for closing in (replies, commands):
                 await closing.close()
@@ -151,8 +153,7 @@ class Trainer:
             while not stop.is_set():
                 try:
                     op = plan.send(result)
-                except StopIteration:
-                    await stop.wait()  # like every service, run until told to stop (then exit 0)
+                except StopIteration:  # done: the command loop keeps the process up until `stop` (exit 0)
                     return
                 result = await self._perform(op, replies, mq, stop)
         except StopRequested:

@@ -1,5 +1,7 @@
 // dynsched live dashboard: polls the controller's admin API every POLL_MS and redraws three canvases.
 // JSON: GET /status, GET /api/timeline, GET /api/series (times in seconds relative to now, <= 0).
+// Every request carries the admin token (Authorization: Bearer), taken from the page's token field
+// or the URL fragment `#token=...`, kept for this tab only (sessionStorage).
 "use strict";
 
 const POLL_MS = 2000;
@@ -13,8 +15,23 @@ const UTIL_SERIES = [["dynamic_resource/resource_utilization", "cluster", "#3333
 const $ = (id) => document.getElementById(id);
 let policyLoaded = false;
 
+const TOKEN_KEY = "dynsched-admin-token";
+
+function authHeaders() {
+  const token = sessionStorage.getItem(TOKEN_KEY) || "";
+  return token ? {Authorization: `Bearer ${token}`} : {};
+}
+
+function takeTokenFromFragment() {
+  const match = /(?:^|&)token=([^&]*)/.exec(window.location.hash.slice(1));
+  if (match) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
+    history.replaceState(null, "", window.location.pathname);  // not left in the address bar
+  }
+}
+
 async function getJson(path) {
-  const response = await fetch(path, {cache: "no-store"});
+  const response = await fetch(path, {cache: "no-store", headers: authHeaders()});
   if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
   return response.json();
 }
@@ -26,7 +43,7 @@ function say(text, isError) {
 }
 
 async function send(method, path, body) {
-  const init = {method, headers: {"Content-Type": "application/json"}};
+  const init = {method, headers: {"Content-Type": "application/json", ...authHeaders()}};
   if (body !== undefined) init.body = JSON.stringify(body);
   const response = await fetch(path, init);
   const data = await response.json().catch(() => ({}));
@@ -169,6 +186,12 @@ async function refresh() {
 }
 
 function setup() {
+  takeTokenFromFragment();
+  $("admin-token").value = sessionStorage.getItem(TOKEN_KEY) || "";
+  $("admin-token").addEventListener("change", () => {
+    sessionStorage.setItem(TOKEN_KEY, $("admin-token").value.trim());
+    refresh();
+  });
   $("legend").replaceChildren(...Object.entries(COLORS).map(([key, color]) => {
     const item = document.createElement("span");
     item.innerHTML = `<i style="background:${color}"></i>${LABELS[key]}`;

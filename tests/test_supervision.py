@@ -1,0 +1,182 @@
+"""Supervised loops and liveness, as a restart policy and a healthcheck see them (real processes,
+real Redis): a process whose loop fails exits non-zero within seconds, also when another loop will
+not cancel; a hung process and a stuck loop are reported unhealthy by `python -m shared.health`, and
+a stuck loop makes the controller's /healthz answer 503."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import yaml
+
+from services.controller.admin import PrometheusExporter, build_app
+from services.controller.service import Controller
+from shared.bus import Bus
+from shared.config import config_to_dict
+from shared.health import main as health_main
+from shared.liveness import LIVENESS
+from shared.names import HEALTH_TTL_S, Names
+from shared.runtime import EXIT_GRACE_S
+from shared.streams import connect
+from tests.conftest import RedisServer
+from tests.stack import sim_config
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 20.0
+LB_LOOPS = frozenset({"loadbalancer.route", "loadbalancer.relay", "loadbalancer.watch",
+                      "loadbalancer.commands", "loadbalancer.health"})
+
+
+def write_config(tmp_path: Path, **run: object) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_to_dict(sim_config(run={"namespace": "sup", **run}))))
+    return path
+
+
+def spawn(module: str, config: Path, redis_url: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", module, "--config", str(config),
+                                 "--redis-url", redis_url], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def wait_for_health_key(client: redis.Redis, names: Names, service: str,
+                        loops: frozenset[str] = frozenset()) -> dict[str, float]:
+    """The service's first health report that names every one of `loops` (its loops are running)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        raw = client.get(names.health(service))
+        if raw is not None and loops <= set(json.loads(raw)) and json.loads(raw):
+            return dict(json.loads(raw))
+        time.sleep(0.1)
+    raise TimeoutError(f"{service} published no health report naming {sorted(loops)} "
+                       f"within {START_TIMEOUT_S}s")
+
+
+def exit_code_within(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, float]:
+    started = time.monotonic()
+    try:
+        return proc.wait(timeout=timeout_s), time.monotonic() - started
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"still running {timeout_s}s after its loop failed") from None
+
+
+def test_a_load_balancer_whose_loop_fails_exits_non_zero_within_seconds(redis_server: RedisServer,
+                                                                       tmp_path: Path) -> None:
+    config, names = write_config(tmp_path), Names("sup")
+    log = tmp_path / "lb.log"
+    proc = spawn("services.loadbalancer", config, redis_server.url, log)
+    with redis.Redis.from_url(redis_server.url) as client:
+        wait_for_health_key(client, names, "loadbalancer", LB_LOOPS)
+        client.delete(names.lb_requests)
+        client.set(names.lb_requests, b"not a stream")  # every read of the route loop now raises WRONGTYPE
+    code, took_s = exit_code_within(proc, timeout_s=EXIT_GRACE_S + 10)
+    assert code != 0 and took_s < EXIT_GRACE_S + 5
+    assert "loop loadbalancer.route failed" in log.read_text()
+
+
+def test_a_process_whose_other_loop_will_not_cancel_still_exits_within_the_grace(redis_server: RedisServer,
+                                                                                tmp_path: Path) -> None:
+    script = tmp_path / "stubborn.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio
+        from shared.names import Names
+        from shared.runtime import run_until_stopped, supervise
+
+        async def fails():
+            await asyncio.sleep(0.5)
+            raise RuntimeError("boom")
+
+        async def will_not_cancel():
+            while True:
+                try:
+                    await asyncio.sleep(1)
+                except asyncio.CancelledError:
+                    pass  # the hang the issue saw in the load balancer's shutdown
+
+        async def body(bus, stop):
+            await supervise({{"stub.fails": fails(), "stub.stubborn": will_not_cancel()}})
+
+        run_until_stopped(body, redis_url={redis_server.url!r}, names=Names("sup"), service="stub")
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code, took_s = exit_code_within(proc, timeout_s=EXIT_GRACE_S + 15)
+    assert code == 1 and took_s < EXIT_GRACE_S + 8
+    assert proc.stderr is not None and b"exiting with status 1" in proc.stderr.read()
+
+
+def test_a_service_cut_off_from_redis_past_its_retries_exits_non_zero(redis_server: RedisServer,
+                                                                     tmp_path: Path) -> None:
+    config, names = write_config(tmp_path), Names("sup")
+    proc = spawn("services.rollouter", config, redis_server.url, tmp_path / "rollouter.log")
+    with redis.Redis.from_url(redis_server.url) as client:
+        wait_for_health_key(client, names, "rollouter")
+    redis_server.kill()  # and it never comes back
+    code, _ = exit_code_within(proc, timeout_s=100)
+    assert code != 0
+
+
+def test_the_health_check_passes_a_live_service_and_fails_a_hung_one(
+        redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, names = write_config(tmp_path), Names("sup")
+    proc = spawn("services.loadbalancer", config, redis_server.url, tmp_path / "lb.log")
+    argv = ["--config", str(config), "--redis-url", redis_server.url, "loadbalancer"]
+    try:
+        with redis.Redis.from_url(redis_server.url) as client:
+            wait_for_health_key(client, names, "loadbalancer", LB_LOOPS)
+        assert health_main(argv) == 0
+        proc.send_signal(signal.SIGSTOP)  # hung: alive to the kernel, no loop moves
+        deadline = time.monotonic() + HEALTH_TTL_S + 5
+        while health_main(argv) == 0:
+            assert time.monotonic() < deadline, "a hung process still reported healthy"
+            time.sleep(0.5)
+        assert "no health report" in capsys.readouterr().err
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_health_check_names_a_stale_loop(redis_server: RedisServer, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    config, names = write_config(tmp_path, loop_stale_s=30.0), Names("sup")
+    with redis.Redis.from_url(redis_server.url) as client:
+        ages = {"trainer.cycle": 45.0, "trainer.commands": 0.2}
+        client.set(names.health("trainer"), json.dumps(ages), ex=10)
+    assert health_main(["--config", str(config), "--redis-url", redis_server.url, "trainer"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stale loops" in err and "trainer.cycle 45s" in err
+    assert "trainer.commands" not in err
+
+
+async def test_the_controllers_healthz_is_503_naming_a_loop_that_made_no_progress(
+        redis_server: RedisServer) -> None:
+    config = sim_config(run={"namespace": "sup", "loop_stale_s": 5.0})
+    bus = Bus(connect(redis_server.url), Names("sup"))
+    app = build_app(Controller(bus=bus, config=config), PrometheusExporter())
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            LIVENESS.enter("test.stuck")
+            assert (await client.get("/healthz")).status_code == 200
+            LIVENESS.beats["test.stuck"] -= 6.0  # its last beat, 6 s ago
+            stale = await client.get("/healthz")
+            assert stale.status_code == 503 and stale.json()["stale"] == ["test.stuck"]
+            assert stale.json()["redis"] is True
+            LIVENESS.leave("test.stuck")  # a loop that returned is not stale
+            assert (await client.get("/healthz")).status_code == 200
+    finally:
+        LIVENESS.leave("test.stuck")
+        await bus.redis.aclose()
