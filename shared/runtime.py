@@ -14,7 +14,7 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from shared.bus import Bus
-from shared.config import Config, load_config
+from shared.config import Config, RunConfig, load_config
 from shared.names import Names
 from shared.streams import connect
 
@@ -58,17 +58,19 @@ def load(args: argparse.Namespace) -> tuple[Config, Names]:
 
 
 def run_until_stopped(body: Callable[[Bus, asyncio.Event], Awaitable[None]], *, redis_url: str,
-                      names: Names) -> None:
-    """Run `body(bus, stop)`; SIGTERM/SIGINT set `stop`; the Redis client is closed in `finally`."""
+                      names: Names, run: RunConfig) -> None:
+    """Run `body(bus, stop)`; SIGTERM/SIGINT set `stop`; the Redis client is closed in `finally`.
+    Redis calls retry for `run.redis_retry_window_s`; readers trim by `run.stream_retention_s`."""
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        redis = connect(redis_url)
+        redis = connect(redis_url, retry_window_s=run.redis_retry_window_s)
         try:
-            await body(Bus(redis, names), stop)
+            await body(Bus(redis, names, retention_s=run.stream_retention_s,
+                           dead_letter_maxlen=run.dead_letter_maxlen), stop)
         finally:
             await redis.aclose()
 

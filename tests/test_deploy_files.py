@@ -46,3 +46,13 @@ def test_the_cpu_copy_drops_only_the_gpu_reservations() -> None:
     for name, service in cpu["services"].items():
         assert "deploy" not in service
         assert {k: v for k, v in SERVICES[name].items() if k != "deploy"} == service, name
+
+
+def test_redis_keeps_an_append_only_file_on_a_volume_and_is_restarted_after_a_crash() -> None:
+    redis = SERVICES["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "everysec"
+    data_dir = command[command.index("--dir") + 1]
+    assert any(volume.endswith(f":{data_dir}") for volume in redis["volumes"])
+    assert redis["restart"] == "unless-stopped"

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
             server.should_exit = True
             await api
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names)
+    run_until_stopped(body, redis_url=args.redis_url, names=names, run=config.run)
 
 
 if __name__ == "__main__":

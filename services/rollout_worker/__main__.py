@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             for worker in workers:
                 await worker.engine.close()
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names)
+    run_until_stopped(body, redis_url=args.redis_url, names=names, run=config.run)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = Path(config.run.work_dir) / await claim_run_id(bus)
         await Trainer(bus=bus, config=config, backend=build_backend(config, run_dir)).run(stop)
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names)
+    run_until_stopped(body, redis_url=args.redis_url, names=names, run=config.run)
 
 
 if __name__ == "__main__":
