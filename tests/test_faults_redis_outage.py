@@ -55,6 +55,20 @@ def test_a_run_survives_redis_killed_mid_run_and_trains_every_sample_once(tmp_pa
     assert summary["restarts"] == {}, "no service had to be restarted"
 
 
+def test_the_launcher_restarts_its_own_redis_killed_mid_run_and_the_run_finishes(tmp_path: Path) -> None:
+    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
+    with launcher.Job(config_path=config, out_dir=tmp_path / "run") as job:
+        wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60, what="4 micro-steps")
+        assert job.embedded is not None and job.embedded.proc is not None
+        job.embedded.proc.kill()  # `dynsched run` without --redis-url: its own Redis dies
+        run_to_the_end(job, timeout_s=120)
+        summary = job.summary(wall_time_s=job.elapsed_s, admin={})
+        states = job.read(job.names.sample_states)
+    assert summary["redis_restarts"] == 1
+    assert len(states) == SAMPLES and set(states.values()) == {SampleState.TRAINED}
+    assert summary["samples"][LOST] == 0 and summary["samples"][DUPLICATED] == 0
+
+
 def test_redis_gone_for_longer_than_the_retry_window_fails_the_run_with_its_outputs_written(
         tmp_path: Path) -> None:
     server = RedisServer(workdir=tmp_path / "redis", appendonly=True)
