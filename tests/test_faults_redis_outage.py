@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import redis
 
 from services import launcher
+from services.cli import main
 from services.launcher import DUPLICATED, LOST
 from shared.names import AccountingField, RunStateField, RunStatus, SampleState
 from shared.redis_client import connect
@@ -91,6 +93,27 @@ def test_redis_gone_for_longer_than_the_retry_window_fails_the_run_with_its_outp
     assert "ConnectionError" in summary[RunStateField.REASON]
     assert summary["samples"][SampleState.TRAINED] >= 2 * 16, "the summary holds what the launcher knew"
     assert summary["micro_steps"] >= 2
+
+
+def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_summary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    server = RedisServer(workdir=tmp_path / "redis", appendonly=True)
+    server.start()
+    config = live_config(tmp_path, time_scale=0.02, run={"redis_retry_window_s": 2.0})
+    out = tmp_path / "run"
+    killer = threading.Timer(8.0, server.kill)  # mid-run: the run takes 15 s or more here
+    killer.start()
+    try:
+        code = main(["run", "--config", str(config), "--redis-url", server.url, "--out", str(out),
+                     "--no-progress"])
+    finally:
+        killer.cancel()
+        server.stop()
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("dynsched: error: Redis: ")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary["redis_unreachable"] is True
 
 
 async def test_a_redis_call_waits_out_an_outage_within_the_window_and_fails_after_it(tmp_path: Path) -> None:
