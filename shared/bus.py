@@ -17,18 +17,22 @@ from typing import Any
 import redis.asyncio as aredis
 
 from shared import schema
-from shared.names import MAX_DELIVERIES, Names
+from shared.names import DEAD_LETTER_MAXLEN, MAX_DELIVERIES, STREAM_RETENTION_S, Names
 from shared.streams import BLOCK_MS, StreamConsumer
 
 log = logging.getLogger(__name__)
 
 
 class Bus:
-    """One Redis client plus the run's names."""
+    """One Redis client plus the run's names, and how long its readers keep acked entries
+    (``retention_s``, None: forever) and how many dead letters (``dead_letter_maxlen``)."""
 
-    def __init__(self, redis: aredis.Redis, names: Names) -> None:
+    def __init__(self, redis: aredis.Redis, names: Names, *, retention_s: float | None = STREAM_RETENTION_S,
+                 dead_letter_maxlen: int = DEAD_LETTER_MAXLEN) -> None:
         self.redis = redis
         self.names = names
+        self.retention_s = retention_s
+        self.dead_letter_maxlen = dead_letter_maxlen
 
     async def publish(self, stream: str, message: schema.Message) -> str:
         entry_id = await self.redis.xadd(stream, schema.encode(message))  # type: ignore[arg-type]
@@ -62,10 +66,15 @@ class Bus:
                     await self.publish(self.names.controller_acks, ack)
                 await sub.ack(entry_id)
 
+    def consumer(self, stream: str, group: str, consumer: str) -> StreamConsumer:
+        """A raw consumer of ``stream`` with this bus's dead letters, leases, retention and caps."""
+        return StreamConsumer(self.redis, stream=stream, group=group, consumer=consumer,
+                              max_deliveries=MAX_DELIVERIES, dead_letter_stream=self.names.dead_letters,
+                              lease_key_prefix=self.names.lease(""), retention_s=self.retention_s,
+                              dead_letter_maxlen=self.dead_letter_maxlen)
+
     async def subscribe(self, stream: str, group: str, consumer: str) -> Subscription:
-        consumer_ = StreamConsumer(self.redis, stream=stream, group=group, consumer=consumer,
-                                   max_deliveries=MAX_DELIVERIES, dead_letter_stream=self.names.dead_letters,
-                                   lease_key_prefix=self.names.lease(""))
+        consumer_ = self.consumer(stream, group, consumer)
         await consumer_.start()
         return Subscription(self, consumer_)
 

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.config_errors import ConfigError, format_errors
+from shared.names import DEAD_LETTER_MAXLEN, REDIS_RETRY_WINDOW_S, STREAM_RETENTION_S
 from shared.sim_config import PhysicsConfig, PublishedRow
 
 __all__ = ["Config", "ConfigError", "config_from_dict", "config_json_schema", "config_to_dict", "load_config",
@@ -87,6 +88,17 @@ class RunConfig(_Section):
     """Wall seconds without progress after which a service loop counts as stuck (health: 503)."""
     work_dir: str = "runs/work"
     """Real backends: published weight versions (`weights/`) and trainer checkpoints (`checkpoints/`)."""
+    redis_retry_window_s: Seconds = REDIS_RETRY_WINDOW_S
+    """Every Redis call retries an unreachable Redis with backoff this long, then fails
+    (docs/reliability.md)."""
+    stream_retention_s: Seconds = STREAM_RETENTION_S
+    """Acked entries of every consumer-group stream (MessageQueue, requests, results, commands) older than
+    this are trimmed (XTRIM MINID below the oldest entry a group still needs)."""
+    dead_letter_maxlen: Count = DEAD_LETTER_MAXLEN
+    """The dead-letter stream keeps about this many newest entries (MAXLEN ~)."""
+    max_restarts_per_minute: Annotated[int, Field(ge=0)] = 5
+    """`dynsched run`/`up` restart a crashed service with backoff; one more crash within a minute fails
+    the run (0: never restart)."""
 
 
 class DataConfig(_Section):

@@ -43,6 +43,16 @@ HEALTH_TTL_S = 10
 """A process whose health key is older than this is down, hung, or cut off from Redis."""
 MAX_DELIVERIES = 5
 """An entry delivered this many times without an ack goes to the dead-letter stream."""
+REDIS_RETRY_WINDOW_S = 30.0
+"""Default of run.redis_retry_window_s: how long every Redis call retries an unreachable Redis."""
+
+# Bounded memory.
+STREAM_RETENTION_S = 3600.0
+"""Default of run.stream_retention_s: acked entries older than this are trimmed from grouped streams."""
+DEAD_LETTER_MAXLEN = 10_000
+"""Default of run.dead_letter_maxlen: the dead-letter stream keeps about this many newest entries."""
+DEAD_LETTER_FIELD_MAX_BYTES = 16_384
+"""A dead letter keeps at most this many bytes of each field of the entry it copies."""
 
 
 class SampleState(StrEnum):

@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from shared.bus import Bus
-from shared.config import Config, load_config
+from shared.config import Config, RunConfig, load_config
 from shared.liveness import LIVENESS, beat, current_loop
 from shared.names import Names
 from shared.streams import connect
@@ -143,10 +143,11 @@ def load(args: argparse.Namespace) -> tuple[Config, Names]:
 
 
 def run_until_stopped(body: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, None]], *, redis_url: str,
-                      names: Names, service: str) -> None:
+                      names: Names, service: str, run: RunConfig) -> None:
     """Run `body(bus, stop)` as the loop `service`, next to the loop publishing this process's
     health (shared.health); SIGTERM/SIGINT set `stop`. A failed loop exits the process with
-    status 1 (promptly: see `supervise`); the Redis client is closed in `finally`."""
+    status 1 (promptly: see `supervise`); the Redis client is closed in `finally`. Redis calls
+    retry for `run.redis_retry_window_s`; readers trim by `run.stream_retention_s`."""
     from shared.health import publish_health  # health imports this module
 
     async def main() -> None:
@@ -154,8 +155,8 @@ def run_until_stopped(body: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, N
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        redis = connect(redis_url)
-        bus = Bus(redis, names)
+        redis = connect(redis_url, retry_window_s=run.redis_retry_window_s)
+        bus = Bus(redis, names, retention_s=run.stream_retention_s, dead_letter_maxlen=run.dead_letter_maxlen)
         body_done = asyncio.Event()
 
         async def run_body() -> None:

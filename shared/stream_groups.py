@@ -92,3 +92,43 @@ async def group_pending(r: aredis.Redis, stream: str, group: str) -> int:
     """Entries delivered to ``group`` and not yet acked (taken, not finished)."""
     summary = await r.xpending(stream, group)
     return int(summary["pending"])
+
+
+async def trim_acked(r: aredis.Redis, stream: str, *, retention_s: float) -> int:
+    """XTRIM MINID: delete the entries every consumer group of ``stream`` has acked and that are older
+    than ``retention_s`` (by their id's timestamp, on Redis's clock); how many were deleted.
+
+    An entry is acked by a group when it is below both the group's oldest pending entry and its
+    ``last-delivered-id``; an entry no group has read, or one still pending anywhere, is never
+    deleted. A stream without groups is left alone (its readers are not known). Safe against
+    concurrent readers: deliveries only move past the bound, acks only lower what is pending.
+    """
+    try:
+        groups = await r.xinfo_groups(stream)
+    except ResponseError as exc:
+        if "no such key" in str(exc).lower():
+            return 0
+        raise
+    if not groups:
+        return 0
+    seconds, micros = await r.time()
+    bound = (int(seconds) * 1000 + int(micros) // 1000 - int(retention_s * 1000), 0)
+    for info in groups:
+        bound = min(bound, _next_id(as_str(info["last-delivered-id"])))
+        if int(info["pending"]) > 0:
+            oldest = (await r.xpending(stream, as_str(info["name"])))["min"]
+            if oldest is not None:
+                bound = min(bound, _parse_id(as_str(oldest)))
+    if bound <= (0, 0):
+        return 0
+    return int(await r.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=False))
+
+
+def _parse_id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _next_id(entry_id: str) -> tuple[int, int]:
+    ms, seq = _parse_id(entry_id)
+    return ms, seq + 1

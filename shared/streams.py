@@ -19,8 +19,15 @@ Delivery is at-least-once (duplicates must be harmless upstream):
 3. Past ``max_deliveries`` an entry moves to a dead-letter stream with
    ``dlq_*`` reason/origin fields and is acked.
 4. Blocking reads get their own connection and ``BLOCK_MS`` well below the
-   socket timeout. Sample streams are never MAXLEN-trimmed: the MessageQueue
-   is bounded by the rollouter's backpressure, measured with ``group_lag``.
+   socket timeout. A lost connection is retried for the client's retry window
+   (``run.redis_retry_window_s``), then the read raises.
+5. Bounded memory: every ``TRIM_INTERVAL_S`` a read trims its stream below the
+   oldest entry any group still needs (``trim_acked``: XTRIM MINID), keeping
+   acked entries younger than ``retention_s``. Sample streams are never
+   MAXLEN-trimmed: the MessageQueue is bounded by the rollouter's backpressure,
+   measured with ``group_lag``. The dead-letter stream keeps a capped copy:
+   about ``dead_letter_maxlen`` entries (MAXLEN ~), each field cut at
+   ``DEAD_LETTER_FIELD_MAX_BYTES``.
 """
 
 from __future__ import annotations
@@ -34,21 +41,22 @@ from typing import Any
 
 import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.liveness import beat
-from shared.names import Names
+from shared.names import DEAD_LETTER_FIELD_MAX_BYTES, DEAD_LETTER_MAXLEN, STREAM_RETENTION_S, Names
 from shared.redis_client import BLOCK_MS as BLOCK_MS
 from shared.redis_client import SOCKET_TIMEOUT_S as SOCKET_TIMEOUT_S
 from shared.redis_client import as_bytes as _b
 from shared.redis_client import as_str as _s
 from shared.redis_client import connect as connect
-from shared.redis_client import dedicated_client
+from shared.redis_client import dedicated_client, retry_window_s
 from shared.stream_groups import Fields as Fields
 from shared.stream_groups import ensure_group as ensure_group
 from shared.stream_groups import group_lag as group_lag
 from shared.stream_groups import group_pending as group_pending
+from shared.stream_groups import trim_acked
 from shared.stream_groups import xadd_many as xadd_many
 
 log = logging.getLogger(__name__)
@@ -57,7 +65,7 @@ DEFAULT_LEASE_TTL_S = 10.0
 DEFAULT_LEASE_KEY_PREFIX = Names().lease("")  # lease key = prefix + consumer
 DEFAULT_MAX_DELIVERIES = 5
 DEAD_LETTER_SUFFIX = ":dlq"  # default dead-letter stream = origin stream + suffix
-RECONNECT_TIMEOUT_S = 30.0  # a read keeps retrying a lost connection this long, then raises
+TRIM_INTERVAL_S = 1.0  # a reader trims its stream at most this often
 
 EntryId = bytes | str
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -84,13 +92,20 @@ class StreamConsumer:
 
     def __init__(self, r: aredis.Redis, *, stream: str, group: str, consumer: str,
                  lease_ttl_s: float = DEFAULT_LEASE_TTL_S, lease_key_prefix: str = DEFAULT_LEASE_KEY_PREFIX,
-                 dead_letter_stream: str | None = None, max_deliveries: int = DEFAULT_MAX_DELIVERIES) -> None:
+                 dead_letter_stream: str | None = None, max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+                 retention_s: float | None = STREAM_RETENTION_S,
+                 dead_letter_maxlen: int = DEAD_LETTER_MAXLEN) -> None:
+        """``retention_s=None`` never trims the stream."""
         if not consumer:
             raise ValueError("consumer name must be non-empty and stable across restarts")
         if lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
         if max_deliveries < 1:
             raise ValueError(f"max_deliveries must be >= 1, got {max_deliveries}")
+        if retention_s is not None and retention_s < 0:
+            raise ValueError(f"retention_s must be >= 0, got {retention_s}")
+        if dead_letter_maxlen < 1:
+            raise ValueError(f"dead_letter_maxlen must be >= 1, got {dead_letter_maxlen}")
         self.r = r
         self.stream = stream
         self.group = group
@@ -99,6 +114,11 @@ class StreamConsumer:
         self.lease_key_prefix = lease_key_prefix
         self.dead_letter_stream = dead_letter_stream or stream + DEAD_LETTER_SUFFIX
         self.max_deliveries = max_deliveries
+        self.retention_s = retention_s
+        self.dead_letter_maxlen = dead_letter_maxlen
+        self._trimmed_at_s = float("-inf")
+        self._reachable = True  # False while the last read failed to reach Redis
+        self.trimmed = 0
         self._reader = dedicated_client(r)
         self._replay_cursor: bytes | None = b"0"  # None once the own PEL is drained
         self._outstanding: set[bytes] = set()  # handed to the caller, not yet acked
@@ -127,7 +147,14 @@ class StreamConsumer:
             await self.renew_lease()
 
     async def aclose(self, *, release_lease: bool = False) -> None:
-        """Close the reader connection; ``release_lease`` lets others reclaim at once."""
+        """Close the reader connection; ``release_lease`` lets others reclaim at once. A clean stop
+        (the last read reached Redis) trims the stream a last time."""
+        if self._reachable and self.retention_s is not None:
+            self._trimmed_at_s = float("-inf")
+            try:
+                await self._trim_if_due()
+            except RedisError as exc:  # a stop must not fail on housekeeping
+                log.warning("last trim of %s failed: %r", self.stream, exc)
         if release_lease:
             await self.r.delete(self.lease_key())
         await self._reader.aclose()
@@ -152,16 +179,20 @@ class StreamConsumer:
         if block_ms < 0 or (timeout_s is not None and block_ms >= timeout_s * 1000 / 2):
             raise ValueError(f"block_ms={block_ms} must be >= 0 and below half the socket timeout "
                              f"{timeout_s}s")
-        deadline_s = time.monotonic() + RECONNECT_TIMEOUT_S
+        deadline_s = time.monotonic() + retry_window_s(self.r)
         delay_s = 0.05
         while True:
             try:
                 await self._renew_lease_if_due()
+                await self._trim_if_due()
                 if self._replay_cursor is not None:
                     replayed = await self._replay(count)
                     if replayed:
+                        self._reachable = True
                         return replayed
-                return await self._read_new(count, block_ms)
+                entries = await self._read_new(count, block_ms)
+                self._reachable = True
+                return entries
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
@@ -172,12 +203,19 @@ class StreamConsumer:
                 raise
             except _TRANSIENT as exc:
                 self.rewind()  # the lost reply may have delivered entries to us
+                self._reachable = False
                 if time.monotonic() >= deadline_s:
                     raise
                 log.warning("read on %s/%s failed (%r); retrying in %.2fs", self.stream, self.consumer, exc,
                             delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(1.0, delay_s * 2)
+
+    async def _trim_if_due(self) -> None:
+        if self.retention_s is None or time.monotonic() - self._trimmed_at_s < TRIM_INTERVAL_S:
+            return
+        self._trimmed_at_s = time.monotonic()
+        self.trimmed += await trim_acked(self.r, self.stream, retention_s=self.retention_s)
 
     async def _read_new(self, count: int, block_ms: int) -> list[StreamEntry]:
         resp = await self._reader.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count,
@@ -243,12 +281,13 @@ class StreamConsumer:
 
     async def dead_letter(self, entry: StreamEntry, *, reason: str) -> bytes:
         """Move ``entry`` to the dead-letter stream and ack it, atomically (MULTI)."""
-        fields: dict[bytes, bytes | str | int] = dict(entry.fields)
+        fields: dict[bytes, bytes | str | int] = capped_copy(entry.fields)
         fields.update({b"dlq_reason": reason, b"dlq_stream": self.stream, b"dlq_group": self.group,
                        b"dlq_id": entry.entry_id, b"dlq_consumer": self.consumer,
                        b"dlq_deliveries": entry.deliveries})
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.dead_letter_stream, fields)  # type: ignore[arg-type]
+        pipe.xadd(self.dead_letter_stream, fields, maxlen=self.dead_letter_maxlen,  # type: ignore[arg-type]
+                  approximate=True)
         pipe.xack(self.stream, self.group, entry.entry_id)
         dlq_id, _ = await pipe.execute()
         self._outstanding.discard(entry.entry_id)
@@ -302,6 +341,15 @@ class StreamConsumer:
             if len(claimed) >= count:
                 break
         return claimed
+
+
+def capped_copy(fields: dict[bytes, bytes]) -> dict[bytes, bytes | str | int]:
+    """``fields`` with each value cut at DEAD_LETTER_FIELD_MAX_BYTES; ``dlq_truncated`` names the cut ones."""
+    cap = DEAD_LETTER_FIELD_MAX_BYTES
+    copy: dict[bytes, bytes | str | int] = {k: v[:cap] for k, v in fields.items()}
+    if cut := [k for k, v in fields.items() if len(v) > cap]:
+        copy[b"dlq_truncated"] = b",".join(cut)
+    return copy
 
 
 def _only_stream(resp: Any) -> list[tuple[Any, dict[bytes, bytes] | None]]:

@@ -38,18 +38,21 @@ def _ping(port: int) -> bool:
 
 
 class RedisServer:
-    """One ``redis-server`` child process, no persistence, bound to 127.0.0.1.
+    """One ``redis-server`` child process bound to 127.0.0.1, no persistence unless ``appendonly``
+    (AOF, ``appendfsync everysec``, in ``workdir``: what compose runs).
 
-    ``kill()`` SIGKILLs it (data lost, as in a crash); ``restart()`` starts a
-    fresh one on the same port, so clients holding ``url`` can reconnect.
+    ``kill()`` SIGKILLs it (without AOF the data is lost, as in a crash); ``start()`` after it
+    starts again on the same port (from the AOF if any); ``restart()`` does both, so clients
+    holding ``url`` can reconnect.
     """
 
-    def __init__(self, *, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, *, workdir: Path, port: int | None = None, appendonly: bool = False) -> None:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not on PATH")
         self.workdir = workdir
         self.port = port if port is not None else free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.appendonly = appendonly
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,7 +69,8 @@ class RedisServer:
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
-            "--appendonly", "no",
+            *(("--appendonly", "yes", "--appendfsync", "everysec") if self.appendonly
+              else ("--appendonly", "no")),
             "--dir", str(self.workdir),
             "--logfile", str(self.workdir / "redis.log"),
         ]
@@ -112,7 +116,7 @@ class RedisServer:
         self._proc = None
 
     def restart(self) -> None:
-        """Kill (if running) and start again on the same port, empty."""
+        """Kill (if running) and start again on the same port (empty without AOF)."""
         self.kill()
         self.start()
 

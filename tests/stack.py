@@ -57,7 +57,9 @@ class Stack:
         self.controller: Controller | None = None
 
     def bus(self) -> Bus:
-        bus = Bus(connect(self.redis_url), self.names)
+        run = self.config.run
+        bus = Bus(connect(self.redis_url, retry_window_s=run.redis_retry_window_s), self.names,
+                  retention_s=run.stream_retention_s, dead_letter_maxlen=run.dead_letter_maxlen)
         self.buses.append(bus)
         return bus
 

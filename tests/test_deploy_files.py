@@ -69,3 +69,13 @@ def test_the_admin_token_is_a_secret_of_the_controller_and_prometheus() -> None:
     prometheus = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
     job = prometheus["scrape_configs"][0]
     assert job["authorization"]["credentials_file"] == "/run/secrets/admin_token"
+
+
+def test_redis_keeps_an_append_only_file_on_a_volume_and_is_restarted_after_a_crash() -> None:
+    redis = SERVICES["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "everysec"
+    data_dir = command[command.index("--dir") + 1]
+    assert any(volume.endswith(f":{data_dir}") for volume in redis["volumes"])
+    assert redis["restart"] == "unless-stopped"

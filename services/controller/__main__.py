@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
 
         await supervise({"controller.api": serve_api(), "controller.events": run_controller()})
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names, service="controller")
+    run_until_stopped(body, redis_url=args.redis_url, names=names, service="controller",
+                      run=config.run)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> None:
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         await LoadBalancer(bus=bus, initial_replica_ids=config.standalone_ids).run(stop)
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names, service="loadbalancer")
+    run_until_stopped(body, redis_url=args.redis_url, names=names, service="loadbalancer",
+                      run=config.run)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
                 await worker.engine.close()
 
     run_until_stopped(body, redis_url=args.redis_url, names=names,
-                      service=worker_service_name(args.replica_id))
+                      service=worker_service_name(args.replica_id), run=config.run)
 
 
 if __name__ == "__main__":

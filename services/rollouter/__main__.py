@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         await Rollouter(bus=bus, config=config, prompts=build_prompt_source(config)).run(stop)
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names, service="rollouter")
+    run_until_stopped(body, redis_url=args.redis_url, names=names, service="rollouter",
+                      run=config.run)
 
 
 if __name__ == "__main__":

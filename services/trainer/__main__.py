@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = Path(config.run.work_dir) / await claim_run_id(bus)
         await Trainer(bus=bus, config=config, backend=build_backend(config, run_dir)).run(stop)
 
-    run_until_stopped(body, redis_url=args.redis_url, names=names, service="trainer")
+    run_until_stopped(body, redis_url=args.redis_url, names=names, service="trainer",
+                      run=config.run)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,15 @@ from shared.redis_client import as_str
 
 MARK_TRAINED = """
 -- KEYS: sample_states, accounting, mq, dead letters, trainer_state
--- ARGV: group, queued, trained, accounting 'queued' field, 'trained' field, n progress pairs,
---       (progress field, value) x n, then (entry id, sample id)...
+-- ARGV: group, queued, trained, accounting 'queued' field, 'trained' field, dead letters' MAXLEN,
+--       n progress pairs, (progress field, value) x n, then (entry id, sample id)...
 local moved = 0
 local rejected = {}
-local n = tonumber(ARGV[6])
-for i = 7, 6 + 2 * n, 2 do
+local n = tonumber(ARGV[7])
+for i = 8, 7 + 2 * n, 2 do
   redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])
 end
-for i = 7 + 2 * n, #ARGV, 2 do
+for i = 8 + 2 * n, #ARGV, 2 do
   local entry_id, sample_id = ARGV[i], ARGV[i + 1]
   local state = redis.call('HGET', KEYS[1], sample_id)
   redis.call('XACK', KEYS[3], ARGV[1], entry_id)
@@ -39,7 +39,8 @@ for i = 7 + 2 * n, #ARGV, 2 do
     redis.call('HSET', KEYS[1], sample_id, ARGV[3])
     moved = moved + 1
   else
-    redis.call('XADD', KEYS[4], '*', 'dlq_reason', 'not queued when marked trained: ' .. tostring(state),
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*',
+               'dlq_reason', 'not queued when marked trained: ' .. tostring(state),
                'dlq_stream', KEYS[3], 'dlq_group', ARGV[1], 'dlq_id', entry_id, 'sample_id', sample_id)
     table.insert(rejected, entry_id)
   end
@@ -53,12 +54,13 @@ return rejected
 
 
 async def mark_trained(redis: aredis.Redis, names: Names, batch: Sequence[tuple[bytes, str]], *,
-                       progress: Mapping[str, int]) -> list[bytes]:
+                       progress: Mapping[str, int], dead_letter_maxlen: int) -> list[bytes]:
     """Ack `batch` ((entry id, sample id) pairs), move its queued samples to trained and write
     `progress` into trainer_state, atomically; the entry ids that were not queued (dead-lettered
     by the script)."""
     args: list[bytes | str | int] = [TRAINER_GROUP, SampleState.QUEUED, SampleState.TRAINED,
-                                     AccountingField.QUEUED, AccountingField.TRAINED, len(progress)]
+                                     AccountingField.QUEUED, AccountingField.TRAINED, dead_letter_maxlen,
+                                     len(progress)]
     for field, value in progress.items():
         args += [field, value]
     for entry_id, sample_id in batch:

@@ -130,8 +130,7 @@ class Trainer:
                             self.cycle.version, resumed)
         replies = await self.bus.subscribe(names.trainer_replies, TRAINER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.trainer_commands, TRAINER_GROUP, CONSUMER)
-        mq = StreamConsumer(self.bus.redis, stream=names.mq, group=TRAINER_GROUP, consumer=CONSUMER,
-                            dead_letter_stream=names.dead_letters, lease_key_prefix=names.lease(""))
+        mq = self.bus.consumer(names.mq, TRAINER_GROUP, CONSUMER)
         await mq.start()
         await self._rpc.start()
         await self._push_rpc.start()
@@ -239,7 +238,8 @@ class Trainer:
         one script: a restart never trains a committed micro-step again."""
         rejected = await mark_trained(self.bus.redis, self.bus.names,
                                       [(entry_id, sample.sample_id) for entry_id, sample in batch],
-                                      progress=self._progress_fields(progress))
+                                      progress=self._progress_fields(progress),
+                                      dead_letter_maxlen=mq.dead_letter_maxlen)
         if rejected:
             log.error("samples no longer queued when marked trained (dead-lettered): %s", rejected)
         await mq.ack(entry_id for entry_id, _ in batch)  # acked by the script; clears the hand-out record

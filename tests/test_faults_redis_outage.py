@@ -1,0 +1,134 @@
+"""Redis outages (real redis-server, real service processes driven by the launcher): every Redis call
+retries for `run.redis_retry_window_s`. Redis SIGKILLed mid-run and started again on the same port
+from its append-only file: the run finishes, every fed sample trained exactly once (per sample id).
+Redis gone for longer than the window: the run fails with its outputs written, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from services import launcher
+from services.cli import main
+from services.launcher import DUPLICATED, LOST
+from shared.names import AccountingField, RunStateField, RunStatus, SampleState
+from shared.redis_client import connect
+from shared.runtime import free_port
+from tests.conftest import RedisServer
+from tests.live_run import live_config, wait_for
+
+pytestmark = pytest.mark.e2e
+SAMPLES = 256
+OUTAGE_S = 2.5
+
+
+def run_to_the_end(job: launcher.Job, timeout_s: float) -> None:
+    wait_for(lambda: job.poll() is RunStatus.DONE, timeout_s=timeout_s, what="the run to finish")
+
+
+def test_a_run_survives_redis_killed_mid_run_and_trains_every_sample_once(tmp_path: Path) -> None:
+    server = RedisServer(workdir=tmp_path / "redis", appendonly=True)
+    server.start()
+    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
+    try:
+        with launcher.Job(config_path=config, out_dir=tmp_path / "run", redis_url=server.url) as job:
+            wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60,
+                     what="4 micro-steps")
+            server.kill()  # SIGKILL: no shutdown, no final fsync
+            time.sleep(OUTAGE_S)
+            server.start()  # same port, replays the append-only file
+            run_to_the_end(job, timeout_s=120)
+            summary = job.summary(wall_time_s=job.elapsed_s, admin={})
+            states = job.read(job.names.sample_states)
+            dead = job.redis.xrange(job.names.dead_letters)
+    finally:
+        server.stop()
+    counts = summary["samples"]
+    assert counts[AccountingField.FED] == SAMPLES and len(states) == SAMPLES
+    assert set(states.values()) == {SampleState.TRAINED}, "every fed sample id is trained"
+    assert counts[LOST] == 0 and counts[DUPLICATED] == 0
+    assert dead == [], "nothing innocent is dead-lettered"
+    assert summary["restarts"] == {}, "no service had to be restarted"
+
+
+def test_the_launcher_restarts_its_own_redis_killed_mid_run_and_the_run_finishes(tmp_path: Path) -> None:
+    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
+    with launcher.Job(config_path=config, out_dir=tmp_path / "run") as job:
+        wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60, what="4 micro-steps")
+        assert job.embedded is not None and job.embedded.proc is not None
+        job.embedded.proc.kill()  # `dynsched run` without --redis-url: its own Redis dies
+        run_to_the_end(job, timeout_s=120)
+        summary = job.summary(wall_time_s=job.elapsed_s, admin={})
+        states = job.read(job.names.sample_states)
+    assert summary["redis_restarts"] == 1
+    assert len(states) == SAMPLES and set(states.values()) == {SampleState.TRAINED}
+    assert summary["samples"][LOST] == 0 and summary["samples"][DUPLICATED] == 0
+
+
+def test_redis_gone_for_longer_than_the_retry_window_fails_the_run_with_its_outputs_written(
+        tmp_path: Path) -> None:
+    server = RedisServer(workdir=tmp_path / "redis", appendonly=True)
+    server.start()
+    config = live_config(tmp_path, time_scale=0.02, run={"redis_retry_window_s": 2.0})
+    out = tmp_path / "run"
+    try:
+        with pytest.raises(redis.ConnectionError), \
+                launcher.Job(config_path=config, out_dir=out, redis_url=server.url) as job:
+            wait_for(lambda: job.poll() and job.completed_micro_steps() >= 2, timeout_s=60,
+                     what="2 micro-steps")
+            time.sleep(launcher.KNOWN_REFRESH_S)  # the launcher has read the sample states since
+            job.poll()
+            server.kill()
+            run_to_the_end(job, timeout_s=60)
+    finally:
+        server.stop()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary["redis_unreachable"] is True
+    assert "ConnectionError" in summary[RunStateField.REASON]
+    assert summary["samples"][SampleState.TRAINED] >= 2 * 16, "the summary holds what the launcher knew"
+    assert summary["micro_steps"] >= 2
+
+
+def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_summary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    server = RedisServer(workdir=tmp_path / "redis", appendonly=True)
+    server.start()
+    config = live_config(tmp_path, time_scale=0.02, run={"redis_retry_window_s": 2.0})
+    out = tmp_path / "run"
+    killer = threading.Timer(8.0, server.kill)  # mid-run: the run takes 15 s or more here
+    killer.start()
+    try:
+        code = main(["run", "--config", str(config), "--redis-url", server.url, "--out", str(out),
+                     "--no-progress"])
+    finally:
+        killer.cancel()
+        server.stop()
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("dynsched: error: Redis: ")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary["redis_unreachable"] is True
+
+
+async def test_a_redis_call_waits_out_an_outage_within_the_window_and_fails_after_it(tmp_path: Path) -> None:
+    server = RedisServer(workdir=tmp_path / "redis", port=free_port())
+    client = connect(server.url, retry_window_s=3.0)
+    try:
+        started_s = time.monotonic()
+        with pytest.raises(redis.ConnectionError):
+            await client.ping()  # nothing listens there yet
+        assert 2.5 <= time.monotonic() - started_s < 6.0
+        later = asyncio.get_running_loop().run_in_executor(None, lambda: (time.sleep(1.0), server.start()))
+        started_s = time.monotonic()
+        assert await client.set("k", "v")  # Redis comes up 1 s into the window
+        assert 0.9 <= time.monotonic() - started_s < 3.0
+        await later
+    finally:
+        await client.aclose()
+        server.stop()
