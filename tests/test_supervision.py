@@ -92,6 +92,7 @@ def test_a_process_whose_other_loop_will_not_cancel_still_exits_within_the_grace
     script = tmp_path / "stubborn.py"
     script.write_text(textwrap.dedent(f"""
         import asyncio
+        from shared.config import RunConfig
         from shared.names import Names
         from shared.runtime import run_until_stopped, supervise
 
@@ -109,7 +110,8 @@ def test_a_process_whose_other_loop_will_not_cancel_still_exits_within_the_grace
         async def body(bus, stop):
             await supervise({{"stub.fails": fails(), "stub.stubborn": will_not_cancel()}})
 
-        run_until_stopped(body, redis_url={redis_server.url!r}, names=Names("sup"), service="stub")
+        run_until_stopped(body, redis_url={redis_server.url!r}, names=Names("sup"), service="stub",
+                          run=RunConfig())
     """))
     proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
