@@ -243,6 +243,12 @@ class Names:
         """String key with a TTL: the worker process's incarnation id while it is alive."""
         return self._key("heartbeat", f"worker:{replica_id}")
 
+    @property
+    def unresponsive(self) -> str:
+        """Hash heartbeat key -> the incarnation that let a command pass its deadline unacked (a hung
+        engine): that process counts as gone (shared.liveness) until a new incarnation beats."""
+        return self._key("unresponsive")
+
     def lease(self, consumer: str) -> str:
         return self._key("lease", consumer)
 

@@ -80,17 +80,16 @@ class RolloutWorker:
         """1. load the newest published weights; 2. a replica that starts SLEEPING (a hybrid) puts
         its engine to sleep, so the trainer's GPU memory is free before any activation; 3. publish
         the initial state; 4. serve commands, requests and heartbeats until `stop`; 5. abort
-        in-flight generations so their partial tokens go back to the rollouter."""
-        await self._catch_up()
-        if self.state is ReplicaState.SLEEPING:
-            await self.engine.sleep()
-        await self._publish_state(None)
-        loops = [
-            asyncio.create_task(self._serve_commands(stop)),
-            asyncio.create_task(self._serve_requests(stop)),
-            asyncio.create_task(self._heartbeat(stop)),
-        ]
+        in-flight generations so their partial tokens go back to the rollouter. The heartbeat
+        beats from the start, so peers see a worker that dies in steps 1-2 gone within its TTL."""
+        loops = [asyncio.create_task(self._heartbeat(stop))]
         try:
+            await self._catch_up()
+            if self.state is ReplicaState.SLEEPING:
+                await self.engine.sleep()
+            await self._publish_state(None)
+            loops += [asyncio.create_task(self._serve_commands(stop)),
+                      asyncio.create_task(self._serve_requests(stop))]
             await asyncio.gather(*loops)
         finally:
             for task in loops:

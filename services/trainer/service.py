@@ -41,6 +41,7 @@ from services.trainer.exactly_once import mark_trained, screen
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus, Subscription, malformed_reason, text
 from shared.config import Config
+from shared.liveness import alive
 from shared.names import TRAINER_GROUP
 from shared.names import TrainerStateField as F
 from shared.rpc import CommandClient, CommandFailed
@@ -289,16 +290,17 @@ class Trainer:
 
     async def sync_replicas(self, replica_ids: tuple[str, ...], version: int,
                             weights_path: str) -> WeightSyncReport:
-        """Push when these replicas share a push transport and all are alive, one push per group of
-        `push_groups` (ipc: one replica at a time, so a hybrid that cannot take it fails alone);
-        the replicas of a failed push, or all of them without a push, reload `version` from the
-        filesystem."""
+        """Push when these replicas share a push transport, to the live ones only, one push per group
+        of `push_groups` (ipc: one replica at a time, so a hybrid that cannot take it fails alone);
+        the replicas of a failed push, the gone ones (sent, not awaited: replayed on their return),
+        or all of them without a push, reload `version` from the filesystem."""
         transports = {self.transports.get(r, "") for r in replica_ids}
         transport = transports.pop() if len(transports) == 1 else ""
         alive = await self._alive(replica_ids)
-        pushed = bool(transport and replica_ids and all(alive))
+        live_ids = tuple(r for r, up in zip(replica_ids, alive, strict=True) if up)
+        pushed = bool(transport and live_ids)
         pushes: list[PushGroupReport] = []
-        for group in push_groups(transport, replica_ids) if pushed else []:
+        for group in push_groups(transport, live_ids) if pushed else []:
             started = time.monotonic()
             error = await self._push(group, version, transport)
             pushes.append(PushGroupReport(replica_ids=list(group), ok=not error, error=error,
@@ -307,8 +309,9 @@ class Trainer:
                 log.warning("%s push of v%d to %s failed (%s): falling back to the filesystem", transport,
                             version, list(group), error)
         failed = {r for p in pushes if not p.ok for r in p.replica_ids}
-        if failed or not pushed:
-            reload = [(r, a) for r, a in zip(replica_ids, alive, strict=True) if not pushed or r in failed]
+        if failed or not pushed or len(live_ids) < len(replica_ids):
+            reload = [(r, a) for r, a in zip(replica_ids, alive, strict=True)
+                      if not pushed or r in failed or not a]
             await self._load_from_filesystem(tuple(r for r, _ in reload), [a for _, a in reload], version,
                                              weights_path)
         return WeightSyncReport(replica_ids=list(replica_ids), version=version,
@@ -333,16 +336,15 @@ class Trainer:
         return ""
 
     async def _alive(self, replica_ids: tuple[str, ...]) -> list[bool]:
-        """Which of `replica_ids` have a worker heartbeat, in order (one round trip)."""
-        async with self.bus.redis.pipeline(transaction=False) as pipe:
-            for replica_id in replica_ids:
-                pipe.exists(self.bus.names.worker_heartbeat(replica_id))
-            return [bool(n) for n in await pipe.execute()]
+        """Which of `replica_ids` are alive (shared.liveness), in order (one round trip)."""
+        return await alive(self.bus.redis, self.bus.names,
+                           [self.bus.names.worker_heartbeat(r) for r in replica_ids])
 
     async def _load_from_filesystem(self, replica_ids: tuple[str, ...], alive: list[bool], version: int,
                                     weights_path: str) -> None:
         """Send update_weights to every replica; wait for the acks of live ones only. A replica whose
-        heartbeat expired gets the command too (replayed when it restarts) but is not waited for."""
+        heartbeat expired, or that is unresponsive, gets the command too (replayed when it
+        restarts) but is not waited for."""
         names = self.bus.names
         action = CommandAction.UPDATE_WEIGHTS
         for replica_id, is_alive in zip(replica_ids, alive, strict=True):
