@@ -65,8 +65,10 @@ class CommandClient:
         self._reader = asyncio.create_task(self._read_acks(last_id))
 
     async def close(self) -> None:
+        """Stop the ack reader and wait until it has (so the client can be closed after this)."""
         if self._reader:
             self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
 
     async def call(self, stream: str, action: CommandAction, *, lease_key: str | None = None,
                    timeout_s: float | None = None, **fields: object) -> CommandAck:
