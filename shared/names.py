@@ -96,6 +96,8 @@ class TrainerStateField(StrEnum):
     INITIAL_SYNC_DONE = "initial_sync_done"
     SYNC_PENDING = "sync_pending"
     """'1' between a micro-step's commit and the end of its weight sync (a restart finishes it)."""
+    CHECKPOINT = "checkpoint"
+    """The checkpoint of the committed progress (the backend's pointer), written in the same commit."""
 
 
 class RunStateField(StrEnum):

@@ -74,7 +74,11 @@ class TrainerBackend(Protocol):
 
     def acquire_gpu(self) -> None: ...
 
-    def save_checkpoint(self, version: int) -> object: ...
+    def save_checkpoint(self, version: int, global_steps: int = 0) -> str | None:
+        """Save model + optimizer; the pointer to restore them from (None: nothing to save)."""
+
+    def resume_from(self, pointer: str) -> int | None:
+        """Restore the checkpoint `pointer` names; its version (None: not found)."""
 
     def resume_latest(self) -> int | None: ...
 
@@ -121,13 +125,10 @@ class Trainer:
                                      global_steps=int(state.get(F.GLOBAL_STEPS, 1)),
                                      version=int(state.get(F.VERSION, 0)),
                                      initial_sync_done=state.get(F.INITIAL_SYNC_DONE) == "1",
-                                     sync_pending=state.get(F.SYNC_PENDING) == "1")
+                                     sync_pending=state.get(F.SYNC_PENDING) == "1",
+                                     checkpoint=state.get(F.CHECKPOINT, ""))
         self.stale_trajectories = int(state.get(F.STALE_TRAJECTORIES, 0))
-        if self.cycle.version > 0:
-            resumed = await asyncio.to_thread(self.backend.resume_latest)
-            if resumed != self.cycle.version:
-                log.warning("trainer state says version %d but the newest checkpoint is %s",
-                            self.cycle.version, resumed)
+        await self._restore_weights()
         replies = await self.bus.subscribe(names.trainer_replies, TRAINER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.trainer_commands, TRAINER_GROUP, CONSUMER)
         mq = StreamConsumer(self.bus.redis, stream=names.mq, group=TRAINER_GROUP, consumer=CONSUMER,
@@ -144,6 +145,19 @@ class Trainer:
             await mq.aclose()
             await self._rpc.close()
             await self._push_rpc.close()
+
+    async def _restore_weights(self) -> None:
+        """The weights of the committed progress: the checkpoint its pointer names, never a newer one
+        saved before a commit that did not happen; without a pointer, the newest checkpoint."""
+        if self.cycle.checkpoint:
+            resumed = await asyncio.to_thread(self.backend.resume_from, self.cycle.checkpoint)
+        elif self.cycle.version > 0:
+            resumed = await asyncio.to_thread(self.backend.resume_latest)
+        else:
+            return
+        if resumed != self.cycle.version:
+            log.warning("trainer state says version %d but the checkpoint restored (%r) holds %s",
+                        self.cycle.version, self.cycle.checkpoint, resumed)
 
     async def _run_cycle(self, replies: Subscription, mq: StreamConsumer, stop: asyncio.Event) -> None:
         plan = self.cycle.run()
@@ -177,7 +191,7 @@ class Trainer:
         elif isinstance(op, tc.MarkTrained):
             await self._mark_trained(mq, op.batch, op.progress)
         elif isinstance(op, tc.SaveCheckpoint):
-            await asyncio.to_thread(self.backend.save_checkpoint, op.version)
+            return await asyncio.to_thread(self.backend.save_checkpoint, op.version, op.global_steps)
         elif isinstance(op, tc.ExportWeights):
             path = await asyncio.to_thread(self.backend.export_weights, op.version) or ""
             # What a (re)starting rollout worker loads before it serves (see RolloutWorker.run).
@@ -228,10 +242,11 @@ class Trainer:
                                          global_steps=global_steps, version=version,
                                          detail=f"{phase} {global_steps}"))
 
-    def _progress_fields(self, progress: tc.SaveProgress) -> dict[str, int]:
+    def _progress_fields(self, progress: tc.SaveProgress) -> dict[str, int | str]:
         return {F.GLOBAL_STEPS: progress.global_steps, F.VERSION: progress.version,
                 F.INITIAL_SYNC_DONE: int(progress.initial_sync_done),
-                F.SYNC_PENDING: int(progress.sync_pending), F.STALE_TRAJECTORIES: self.stale_trajectories}
+                F.SYNC_PENDING: int(progress.sync_pending), F.STALE_TRAJECTORIES: self.stale_trajectories,
+                F.CHECKPOINT: progress.checkpoint}
 
     async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]],
                             progress: tc.SaveProgress) -> None:
