@@ -95,8 +95,8 @@ async def test_a_worker_killed_during_a_blocking_engine_start_is_gone_within_its
 
 
 class HungEngine(SimEngine):
-    """An engine that hangs in wake (a stuck GPU call) until the test stops: its worker still
-    beats, and never acks."""
+    """An engine that hangs in wake (a stuck GPU call) until `until` is set: its worker still
+    beats, and does not ack."""
 
     def __init__(self, *, until: asyncio.Event, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -111,7 +111,8 @@ async def test_a_live_worker_that_never_acks_is_marked_unresponsive_and_the_run_
     stack = Stack(config, redis_server.url)
     stack.start_controller().executor.worker_deadline_s = 2.0  # set before its task first runs
     await stack.start(without=("controller", "hybrid_0"))
-    engine = HungEngine(until=stack.stop, config=config.rollout.sim, time_scale=config.run.time_scale,
+    recovered = asyncio.Event()
+    engine = HungEngine(until=recovered, config=config.rollout.sim, time_scale=config.run.time_scale,
                         prompt_length=config.data.prompt_length, seed=config.run.seed)
     await engine.start()
     hung = RolloutWorker(bus=stack.bus(), replica_id="hybrid_0", engine=engine,
@@ -124,6 +125,11 @@ async def test_a_live_worker_that_never_acks_is_marked_unresponsive_and_the_run_
         beat = stack.names.worker_heartbeat("hybrid_0")
         marked = await redis.hget(stack.names.unresponsive, beat)
         assert marked == await redis.get(beat) == hung.incarnation.encode()  # still beating, but gone
+        recovered.set()  # the engine recovers: the next command it applies clears the mark
+        async with asyncio.timeout(10):
+            while await alive(redis, stack.names, [beat]) != [True]:
+                await asyncio.sleep(0.05)
     finally:
+        recovered.set()
         await stack.close()
     _assert_trained_once(counts)

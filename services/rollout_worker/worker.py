@@ -33,6 +33,7 @@ import uuid
 from core.replica import ReplicaState, transition
 from services.rollout_worker.engine import Engine
 from shared.bus import Bus, Subscription, text
+from shared.liveness import clear_unresponsive
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP, TrainerStateField
 from shared.runtime import sleep_unless
 from shared.schema import (
@@ -181,6 +182,8 @@ class RolloutWorker:
         next_state = transition(self.state, command.action)
         await self._run_engine(command)
         self.state = next_state
+        names = self.bus.names  # applied: a worker marked unresponsive (a hung engine) answers again
+        await clear_unresponsive(self.bus.redis, names, names.worker_heartbeat(self.replica_id))
         await self._publish_state(command.action)
         return ReplicaReport(state=self.state, version=self.version, duration_s=time.monotonic() - started)
 
