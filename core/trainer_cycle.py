@@ -10,8 +10,8 @@ each one and sends its result back, so both drivers step through the same order:
     per micro-step (reference 1.3):
       Handshake(MICRO_STEP_START) -> GPUS_READY   (the controller may deactivate hybrids)
       AcquireGpu, QueueSize, Collect(required), Send(COLLECTED), Train
-      [every trigger_parameter_sync_step micro-steps: SaveCheckpoint(v+1)]
-      MarkTrained(batch, progress: global_steps+1, version, sync_pending), QueueSize
+      SaveCheckpoint(version, global_steps+1) -> the checkpoint's pointer
+      MarkTrained(batch, progress: global_steps+1, version, sync_pending, checkpoint), QueueSize
       every trigger_parameter_sync_step micro-steps:
         ExportWeights(v+1), Handshake(WEIGHTS_READY) -> SYNC_DONE
         (during that handshake the controller may ask the trainer to release its GPUs and
@@ -25,7 +25,10 @@ makes (the next global_steps, the new version, whether its sync is still pending
 a restarted trainer never trains a committed micro-step again. A restart with `sync_pending` set
 (killed between the commit and the end of its sync) first finishes that sync (ExportWeights,
 Handshake(WEIGHTS_READY) for the same global_steps: the controller answers a replayed handshake),
-then goes on with the next micro-step.
+then goes on with the next micro-step. The checkpoint written just before the commit is named in
+that commit (`checkpoint`, the pointer), and a restart restores the one the pointer names: a crash
+after the commit loses no update, and a crash between the save and the commit retrains the step
+on the weights it started from (the newer, uncommitted checkpoint is ignored).
 
 Durations come from the injected `clock`. The first sync (version 0, global_steps 0)
 happens before training, as in the original: it is the first chance to activate hybrids.
@@ -99,9 +102,11 @@ class MarkTrained:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SaveCheckpoint:
-    """Persist the model at `version`. -> None"""
+    """Persist the model (and optimizer) as trained up to micro-step `global_steps` - 1, at
+    `version`. -> its pointer, committed with the progress ('' or None: nothing to restore)"""
 
     version: int
+    global_steps: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,6 +125,8 @@ class SaveProgress:
     initial_sync_done: bool
     sync_pending: bool = False
     """The version's weight sync has not finished: a restart finishes it first."""
+    checkpoint: str = ""
+    """The pointer of the checkpoint holding the weights of this progress (a restart restores it)."""
 
 
 TrainerOp = Handshake | Send | AcquireGpu | QueueSize | Collect | Train | MarkTrained | SaveCheckpoint \
@@ -140,13 +147,15 @@ class TrainerCycle:
     """The trainer's progress (global_steps, version) and the order of its steps."""
 
     def __init__(self, *, limits: FlowLimits, clock: Callable[[], float], global_steps: int = 1,
-                 version: int = 0, initial_sync_done: bool = False, sync_pending: bool = False) -> None:
+                 version: int = 0, initial_sync_done: bool = False, sync_pending: bool = False,
+                 checkpoint: str = "") -> None:
         self.limits = limits
         self.clock = clock
         self.global_steps = global_steps
         self.version = version
         self.initial_sync_done = initial_sync_done
         self.sync_pending = sync_pending
+        self.checkpoint = checkpoint
         self.total_micro_steps = limits.total_train_steps * limits.trigger_parameter_sync_step
 
     @property
@@ -186,8 +195,9 @@ class TrainerCycle:
         syncs = gs % self.limits.trigger_parameter_sync_step == 0
         if syncs:
             self.version += 1
-            yield SaveCheckpoint(version=self.version)
         self.global_steps += 1
+        pointer: str | None = yield SaveCheckpoint(version=self.version, global_steps=self.global_steps)
+        self.checkpoint = pointer or ""
         self.sync_pending = syncs
         yield MarkTrained(batch=batch, progress=self._progress())
         mq_size: int = yield QueueSize()
@@ -226,4 +236,5 @@ class TrainerCycle:
 
     def _progress(self) -> SaveProgress:
         return SaveProgress(global_steps=self.global_steps, version=self.version,
-                            initial_sync_done=self.initial_sync_done, sync_pending=self.sync_pending)
+                            initial_sync_done=self.initial_sync_done, sync_pending=self.sync_pending,
+                            checkpoint=self.checkpoint)

@@ -110,6 +110,8 @@ class TrainerStateField(StrEnum):
     INITIAL_SYNC_DONE = "initial_sync_done"
     SYNC_PENDING = "sync_pending"
     """'1' between a micro-step's commit and the end of its weight sync (a restart finishes it)."""
+    CHECKPOINT = "checkpoint"
+    """The checkpoint of the committed progress (the backend's pointer), written in the same commit."""
 
 
 class RunStateField(StrEnum):
@@ -267,6 +269,12 @@ class Names:
         """The policy name chosen through the admin API (PUT /policy): a restarted controller uses
         it instead of the config's."""
         return self._key("controller", "policy")
+
+    @property
+    def unresponsive(self) -> str:
+        """Hash heartbeat key -> the incarnation that let a command pass its deadline unacked (a hung
+        engine): that process counts as gone (shared.peer_liveness) until a new incarnation beats."""
+        return self._key("unresponsive")
 
     def lease(self, consumer: str) -> str:
         return self._key("lease", consumer)

@@ -10,7 +10,10 @@ with CommandFailed, naming the peer and the action.
 A call given the peer's lease key (a worker's heartbeat) ends with PeerGone as
 soon as that key expires while it waits: the command stays in the peer's
 stream and is replayed when the peer returns. `call_peers` treats such a peer as
-not awaited, so a dying worker never fails its caller. The ack reader skips any
+not awaited, so a dying worker never fails its caller; a live peer that lets the
+command pass its deadline unacked (a hung engine: it still beats) is marked
+unresponsive (`shared.peer_liveness`), so it counts as gone until a new incarnation of
+it beats, and is not awaited either. The ack reader skips any
 entry it cannot decode (logged; the stream is read without a group, so there is
 nothing to dead-letter or ack) and retries lost connections.
 """
@@ -27,6 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.bus import Bus, text
 from shared.liveness import beat
+from shared.peer_liveness import mark_unresponsive
 from shared.schema import Command, CommandAck, CommandAction, decode
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,10 @@ class CommandFailed(RuntimeError):
 
 class PeerGone(CommandFailed):
     """The peer's lease expired while its ack was awaited (the command stays in its stream)."""
+
+
+class NoAck(CommandFailed):
+    """The peer never acknowledged the command within its attempts (its deadline)."""
 
 
 class CommandClient:
@@ -58,13 +66,17 @@ class CommandClient:
         self._reader = asyncio.create_task(self._read_acks(last_id))
 
     async def close(self) -> None:
+        """Stop the ack reader and wait until it has (so the client can be closed after this)."""
         if self._reader:
             self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
 
     async def call(self, stream: str, action: CommandAction, *, lease_key: str | None = None,
-                   **fields: object) -> CommandAck:
-        """Send and await the ack; CommandFailed when rejected or never acked, PeerGone when
-        `lease_key` (the peer's heartbeat) expires while waiting."""
+                   timeout_s: float | None = None, **fields: object) -> CommandAck:
+        """Send and await the ack; CommandFailed when rejected, NoAck when never acked within
+        `max_attempts` x `timeout_s` (default: the client's), PeerGone when `lease_key` (the peer's
+        heartbeat) expires while waiting."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         command = _command(action, fields)
         future: asyncio.Future[CommandAck] = asyncio.get_running_loop().create_future()
         self._waiting[command.command_id] = future
@@ -73,7 +85,7 @@ class CommandClient:
                 await self.bus.publish(stream, command)
                 try:
                     # not wait_for: it can swallow a cancel on 3.11
-                    async with asyncio.timeout(self.timeout_s):
+                    async with asyncio.timeout(timeout_s):
                         ack = await self._await(future, stream, action, lease_key)
                 except TimeoutError:
                     log.warning("no ack for %s on %s (attempt %d/%d)", command.action, stream, attempt,
@@ -82,7 +94,8 @@ class CommandClient:
                 if not ack.ok:
                     raise CommandFailed(f"{ack.sender} rejected {command.action}: {ack.error}")
                 return ack
-            raise CommandFailed(f"no ack for {command.action} on {stream} after {self.max_attempts} attempts")
+            raise NoAck(f"no ack for {command.action} on {stream} after {self.max_attempts} attempts "
+                        f"of {timeout_s:g}s")
         finally:
             self._waiting.pop(command.command_id, None)
 
@@ -99,15 +112,24 @@ class CommandClient:
             if lease_key is not None and not await self.bus.redis.exists(lease_key):
                 raise PeerGone(f"{lease_key} expired while {action} on {stream} waited for its ack")
 
-    async def call_peers(self, peers: list[tuple[str, str]], action: CommandAction,
-                         **fields: object) -> list[CommandAck | None]:
-        """`call` each (stream, lease key) concurrently; None for a peer whose lease expired while
-        it was awaited (it replays the command when it returns)."""
+    async def call_peers(self, peers: list[tuple[str, str]], action: CommandAction, *,
+                         deadline_s: float | None = None, **fields: object) -> list[CommandAck | None]:
+        """`call` each (stream, lease key) concurrently, each within `deadline_s` (default: the
+        client's attempts x timeout); None for a peer whose lease expired while it was awaited (it
+        replays the command when it returns), and for one that let the deadline pass (marked
+        unresponsive: gone until a new incarnation of it beats)."""
+        timeout_s = None if deadline_s is None else deadline_s / self.max_attempts
+
         async def one(stream: str, lease_key: str) -> CommandAck | None:
+            incarnation = await self.bus.redis.get(lease_key)
             try:
-                return await self.call(stream, action, lease_key=lease_key, **fields)
+                return await self.call(stream, action, lease_key=lease_key, timeout_s=timeout_s, **fields)
             except PeerGone as exc:
                 log.warning("%s: not awaited; replayed when the peer returns", exc)
+                return None
+            except NoAck as exc:
+                log.error("%s: %s is unresponsive, counted as gone until it restarts", exc, lease_key)
+                await mark_unresponsive(self.bus.redis, self.bus.names, lease_key, incarnation)
                 return None
         return list(await asyncio.gather(*(one(stream, key) for stream, key in peers)))
 

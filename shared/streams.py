@@ -15,7 +15,8 @@ Delivery is at-least-once (duplicates must be harmless upstream):
    entries (id ``0``, skipping those it still holds), one per read so that
    delivery counts are judged per entry, then reads ``>``.
 2. Liveness is a lease key with a TTL, renewed while reading. ``reclaim_dead``
-   claims only entries of consumers whose lease expired, never by idle time.
+   claims only entries of consumers whose lease expired, never by idle time,
+   and hands them out like a restart's own pending ones (one per read).
 3. Past ``max_deliveries`` an entry moves to a dead-letter stream with
    ``dlq_*`` reason/origin fields and is acked.
 4. Blocking reads get their own connection and ``BLOCK_MS`` well below the
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,9 +86,10 @@ class StreamConsumer:
     """One stable-named consumer of one consumer group.
 
     Loop: ``start()``, then ``read()`` / process / ``ack()``, ``aclose()`` at the end;
-    call ``reclaim_dead()`` now and then. On a crash nothing is lost: unacked entries stay pending under this
-    consumer name; a restart replays them, and if the process never returns
-    another consumer claims them once the lease has expired.
+    call ``reclaim_dead()`` now and then (its entries then come from ``read()``). On a
+    crash nothing is lost: unacked entries stay pending under this consumer name; a
+    restart replays them, and if the process never returns another consumer claims
+    them once the lease has expired.
     """
 
     def __init__(self, r: aredis.Redis, *, stream: str, group: str, consumer: str,
@@ -298,8 +300,9 @@ class StreamConsumer:
 
     # -- reclaim -------------------------------------------------------------------
 
-    async def dead_consumers(self) -> list[str]:
-        """Other consumers of the group with pending entries and no live lease."""
+    async def dead_consumers(self, *, also: Collection[str] = ()) -> list[str]:
+        """Other consumers of the group with pending entries and no live lease (or named in `also`:
+        judged gone by the caller, e.g. a hung process whose lease is still renewed)."""
         infos = await self.r.xinfo_consumers(self.stream, self.group)
         names = [_s(i["name"]) for i in infos if int(i["pending"]) > 0 and _s(i["name"]) != self.consumer]
         if not names:
@@ -308,38 +311,41 @@ class StreamConsumer:
         for name in names:
             pipe.exists(self.lease_key(name))
         alive = await pipe.execute()
-        return [name for name, is_alive in zip(names, alive, strict=True) if not is_alive]
+        return [name for name, is_alive in zip(names, alive, strict=True) if not is_alive or name in also]
 
-    async def reclaim_dead(self, count: int = 100) -> list[StreamEntry]:
-        """Claim up to ``count`` pending entries of consumers whose lease expired.
+    async def reclaim_dead(self, count: int = 100, *, also: Collection[str] = ()) -> int:
+        """Take over up to ``count`` pending entries of consumers whose lease expired (or named in
+        ``also``); returns how many. ``read()`` then hands them out like this consumer's own
+        pending entries after a restart: one per read, each charged a delivery only when handed
+        out, so a crash while handling one reclaimed entry never charges the others (the claim
+        itself is JUSTID, which charges nothing).
 
         XAUTOCLAIM cannot filter by owner, so this lists a dead owner's entries
         with XPENDING and XCLAIMs them with ``min-idle`` = the smallest idle
         time seen: an entry someone else claimed meanwhile has a reset idle
         time and is skipped (compare-and-swap). Entries deleted while pending
-        are dropped from the PEL by Redis 7 (acked here on older servers).
-        The caller processes and acks the returned entries like read()'s.
+        are dropped from the PEL by Redis 7 (acked by the replay on older servers).
         """
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         await self.renew_lease()
-        claimed: list[StreamEntry] = []
-        for owner in await self.dead_consumers():
+        claimed = 0
+        for owner in await self.dead_consumers(also=also):
             pend = await self.r.xpending_range(self.stream, self.group, min="-", max="+",
-                                               count=count - len(claimed), consumername=owner)
+                                               count=count - claimed, consumername=owner)
             if not pend:
                 continue
-            prior = {_b(p["message_id"]): int(p["times_delivered"]) for p in pend}
             min_idle_ms = max(1, min(int(p["time_since_delivered"]) for p in pend))
-            resp: Any = await self.r.xclaim(self.stream, self.group, self.consumer, min_idle_ms, list(prior))
-            got = [(_b(eid), fields, prior.get(_b(eid), 0) + 1) for eid, fields in resp]
-            kept = await self._screen(got)
+            got: Any = await self.r.xclaim(self.stream, self.group, self.consumer, min_idle_ms,
+                                           [p["message_id"] for p in pend], justid=True)
+            claimed += len(got)
             self.reclaimed += len(got)
             if got:
                 log.warning("reclaimed %d entries of dead consumer %s on %s", len(got), owner, self.stream)
-            claimed.extend(kept)
-            if len(claimed) >= count:
+            if claimed >= count:
                 break
+        if claimed:
+            self.rewind()
         return claimed
 
 

@@ -1,6 +1,7 @@
-"""A standalone rollout worker process SIGKILLed mid-run that never returns (real processes, real Redis):
-the controller's commands to it end when its heartbeat expires, the controller never crashes,
-and the run finishes with every fed sample trained once."""
+"""Rollout workers that die for good, die during start-up, or hang (real Redis; real processes where
+a process is killed): the controller's waits end by the worker's lease or by a per-command deadline,
+the controller never crashes, and the run finishes on the remaining replicas with every fed sample
+trained once (checked per sample id)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,44 @@ import asyncio
 import signal
 import subprocess
 import sys
+import time
+from typing import Any
 
 import pytest
 import yaml
 
+from core.replica import ReplicaState
 from services.launcher import DUPLICATED, LOST
+from services.rollout_worker.sim_engine import SimEngine
+from services.rollout_worker.worker import RolloutWorker
+from shared.bus import text
 from shared.config import config_to_dict
-from shared.names import HEARTBEAT_TTL_S, AccountingField
+from shared.names import AccountingField, Names
 from shared.names import TrainerStateField as F
+from shared.peer_liveness import alive
+from shared.streams import connect
 from tests.stack import Stack, sim_config
 
 pytestmark = pytest.mark.e2e
+SAMPLES = 96
 
 
-async def test_a_standalone_worker_killed_for_good_mid_run_never_stops_the_controller_or_the_run(
-        redis_server, tmp_path):
-    # A hybrid killed for good while serving can still stall the run (docs/reliability.md, not handled).
-    replica_id = "standalone_0"
-    config = sim_config(data={"total_rollout_steps": 96})
+async def _serving(stack: Stack, replica_id: str) -> None:
+    """Until `replica_id` serves, at weight version >= 2 (mid-run)."""
+    redis = stack.buses[0].redis
+    while not text(await redis.hget(stack.names.replica_states, replica_id) or b"").startswith("serving") \
+            or int(await redis.hget(stack.names.trainer_state, F.VERSION) or 0) < 2:
+        await asyncio.sleep(0.01)
+
+
+def _assert_trained_once(counts: dict[str, int]) -> None:
+    assert counts[AccountingField.TRAINED] == SAMPLES and counts[LOST] == 0 and counts[DUPLICATED] == 0
+
+
+@pytest.mark.parametrize("replica_id", ["hybrid_0", "standalone_0"])
+async def test_a_worker_killed_for_good_while_serving_never_stalls_the_run(redis_server, tmp_path,
+                                                                          replica_id):
+    config = sim_config(data={"total_rollout_steps": SAMPLES})
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config_to_dict(config)))
     stack = Stack(config, redis_server.url)
@@ -34,17 +55,81 @@ async def test_a_standalone_worker_killed_for_good_mid_run_never_stops_the_contr
                                "--replica-id", replica_id])
     await stack.start(without=(replica_id,))
     try:
-        redis = stack.buses[0].redis
-        beat = stack.names.worker_heartbeat(replica_id)
-        # up and serving: its own heartbeat loop (TTL HEARTBEAT_TTL_S) replaced the start-up lease
-        while not 0 < await redis.ttl(beat) <= HEARTBEAT_TTL_S \
-                or int(await redis.hget(stack.names.trainer_state, F.VERSION) or 0) < 2:
-            await asyncio.sleep(0.02)
+        await asyncio.wait_for(_serving(stack, replica_id), timeout=60)
         worker.send_signal(signal.SIGKILL)  # and never restarted
         worker.wait()
         await stack.wait_done(timeout_s=90)
         counts = await stack.accounting()
     finally:
+        worker.kill()
         await stack.close()
-    assert counts[AccountingField.TRAINED] == 96 and counts[LOST] == 0 and counts[DUPLICATED] == 0
+    _assert_trained_once(counts)
 
+
+async def test_a_worker_killed_during_a_blocking_engine_start_is_gone_within_its_heartbeat_ttl(redis_server):
+    # vLLM's engine start blocks the event loop for tens of seconds: the start-up heartbeat is a thread.
+    names = Names("startup")
+    key = names.worker_heartbeat("hybrid_0")
+    ttl_s = 2
+    starting = subprocess.Popen([sys.executable, "-c", (
+        "import time\nfrom services.rollout_worker.startup import StartupHeartbeat\n"
+        f"with StartupHeartbeat({redis_server.url!r}, {{{key!r}: 'inc-1'}}, ttl_s={ttl_s}):\n"
+        "    time.sleep(600)  # a blocking engine start\n")])
+    redis = connect(redis_server.url)
+    try:
+        deadline = time.monotonic() + 30
+        while not await redis.exists(key):
+            assert time.monotonic() < deadline and starting.poll() is None
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.5 * ttl_s)
+        assert await alive(redis, names, [key]) == [True]  # renewed while the start blocks
+        starting.send_signal(signal.SIGKILL)
+        starting.wait()
+        killed = time.monotonic()
+        while await alive(redis, names, [key]) == [True]:
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - killed <= ttl_s + 0.5  # its TTL, not a long start-up lease
+    finally:
+        starting.kill()
+        await redis.aclose()
+
+
+class HungEngine(SimEngine):
+    """An engine that hangs in wake (a stuck GPU call) until `until` is set: its worker still
+    beats, and does not ack."""
+
+    def __init__(self, *, until: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.until = until
+
+    async def wake(self) -> None:
+        await self.until.wait()
+
+
+async def test_a_live_worker_that_never_acks_is_marked_unresponsive_and_the_run_goes_on(redis_server):
+    config = sim_config(data={"total_rollout_steps": SAMPLES})
+    stack = Stack(config, redis_server.url)
+    stack.start_controller().executor.worker_deadline_s = 2.0  # set before its task first runs
+    await stack.start(without=("controller", "hybrid_0"))
+    recovered = asyncio.Event()
+    engine = HungEngine(until=recovered, config=config.rollout.sim, time_scale=config.run.time_scale,
+                        prompt_length=config.data.prompt_length, seed=config.run.seed)
+    await engine.start()
+    hung = RolloutWorker(bus=stack.bus(), replica_id="hybrid_0", engine=engine,
+                         initial_state=ReplicaState.SLEEPING)
+    stack.tasks["hybrid_0"] = asyncio.create_task(hung.run(stack.stop))
+    try:
+        await stack.wait_done(timeout_s=90)
+        counts = await stack.accounting()
+        redis = stack.buses[0].redis
+        beat = stack.names.worker_heartbeat("hybrid_0")
+        marked = await redis.hget(stack.names.unresponsive, beat)
+        assert marked == await redis.get(beat) == hung.incarnation.encode()  # still beating, but gone
+        recovered.set()  # the engine recovers: the next command it applies clears the mark
+        async with asyncio.timeout(10):
+            while await alive(redis, stack.names, [beat]) != [True]:
+                await asyncio.sleep(0.05)
+    finally:
+        recovered.set()
+        await stack.close()
+    _assert_trained_once(counts)

@@ -1,5 +1,6 @@
 """Waiting on a dead peer (real Redis): a command's wait ends when the peer's heartbeat lease
-expires, the caller does not fail, and the command is replayed when the peer returns."""
+expires or its deadline passes, the caller does not fail, and the command is replayed when the
+peer returns."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from core import executor as ex
 from services.controller.executor import Executor
 from shared.bus import Bus
 from shared.names import WORKER_GROUP, Names
+from shared.peer_liveness import alive
 from shared.rpc import CommandClient, PeerGone
 from shared.schema import Command, CommandAction
 from shared.streams import connect
@@ -57,3 +59,18 @@ async def test_the_controllers_executor_does_not_fail_when_a_worker_dies_during_
     await executor.close()
     await rpc.close()
     assert await bus.redis.xlen(names.worker_commands(REPLICA)) == 1  # there for its return
+
+
+async def test_a_live_peer_that_lets_a_command_pass_its_deadline_counts_as_gone_until_it_restarts(bus):
+    names = bus.names
+    beat = names.worker_heartbeat(REPLICA)
+    rpc = CommandClient(bus, timeout_s=60.0, max_attempts=3)
+    await rpc.start()
+    await bus.redis.set(beat, b"hung-incarnation", ex=30)  # beats, never acks
+    started = time.monotonic()
+    acks = await rpc.call_peers([(names.worker_commands(REPLICA), beat)], CommandAction.WAKE, deadline_s=0.6)
+    assert acks == [None] and time.monotonic() - started < 3.0  # its deadline, not 3 x 60 s
+    await rpc.close()
+    assert await alive(bus.redis, names, [beat]) == [False]
+    await bus.redis.set(beat, b"restarted-incarnation", ex=30)
+    assert await alive(bus.redis, names, [beat]) == [True]

@@ -158,6 +158,8 @@ def test_the_trainer_cycle_syncs_first_then_trains_and_syncs_every_trigger_micro
             return tc.TrainResult(timings={"timing_s/update_actor": 1.0})
         if isinstance(op, tc.ExportWeights):
             return f"/w/{op.version}"
+        if isinstance(op, tc.SaveCheckpoint):
+            return f"ckpt-{op.global_steps}"
         return None
 
     ex.drive(cycle.run(), perform)  # type: ignore[arg-type]
@@ -172,7 +174,12 @@ def test_the_trainer_cycle_syncs_first_then_trains_and_syncs_every_trigger_micro
     assert [e.wait_samples for e in collected] == [1, 1]  # required 2, one queued at the start
     done = [op.event for op in ops if isinstance(op, tc.Send) and op.event.phase is P.MICRO_STEP_DONE]
     assert done[0].stats["dynamic_resource/train_compute_time_s"] == 1.0
-    assert ops.index(tc.SaveCheckpoint(version=1)) < ops.index(tc.ExportWeights(version=1))
+    saves = [op for op in ops if isinstance(op, tc.SaveCheckpoint)]
+    assert saves == [tc.SaveCheckpoint(version=0, global_steps=2),
+                     tc.SaveCheckpoint(version=1, global_steps=3)]
+    assert ops.index(saves[-1]) < ops.index(tc.ExportWeights(version=1))
+    commits = [op.progress for op in ops if isinstance(op, tc.MarkTrained)]  # the pointer in the commit
+    assert [(p.global_steps, p.checkpoint) for p in commits] == [(2, "ckpt-2"), (3, "ckpt-3")]
 
 
 # ---- core.sample_lifecycle ---------------------------------------------------------------------

@@ -121,15 +121,16 @@ async def test_entries_of_a_consumer_whose_lease_expired_are_reclaimed_but_a_liv
     assert values(await dying.read(2, block_ms=0)) == [0, 1]
     assert values(await live.read(2, block_ms=0)) == [2, 3]
 
-    assert await rescuer.reclaim_dead() == []  # both leases still valid
+    assert await rescuer.reclaim_dead() == 0  # both leases still valid
     await asyncio.sleep(0.35)  # "dying" stops renewing; its lease runs out
     assert await rescuer.dead_consumers() == ["dying"]
-    reclaimed = await rescuer.reclaim_dead()
-    assert values(reclaimed) == [0, 1]
-    assert [e.deliveries for e in reclaimed] == [2, 2]
+    assert await rescuer.reclaim_dead() == 2
     pending = await r.xpending_range(STREAM, GROUP, min="-", max="+", count=10)
     assert {p["consumer"]: 0 for p in pending} == {b"rescuer": 0, b"live": 0}
-    assert await rescuer.reclaim_dead() == []  # nothing left to take, live's entries untouched
+    reclaimed = await rescuer.read(10, block_ms=0) + await rescuer.read(10, block_ms=0)
+    assert values(reclaimed) == [0, 1]  # handed out one per read
+    assert [e.deliveries for e in reclaimed] == [2, 2]
+    assert await rescuer.reclaim_dead() == 0  # nothing left to take, live's entries untouched
     for c in (dying, live, rescuer):
         await c.aclose()
 
@@ -182,6 +183,33 @@ async def test_a_consumer_that_crashes_on_one_entry_of_a_batch_dead_letters_that
     assert await group_pending(r, STREAM, GROUP) == 0
 
 
+async def test_reclaimed_entries_are_charged_a_delivery_each_when_handed_out_not_as_a_batch(
+        r: aredis.Redis) -> None:
+    # A chain of consumers, each taking over the previous one's entries and dying on entry 2: only
+    # entry 2 is charged each time; 3 and 4, claimed again and again but never handed out, are not.
+    await produce(r, 5)
+    dying = make_consumer(r, "c0", lease_ttl_s=0.1)
+    await dying.start()
+    assert values(await dying.read(10, block_ms=0)) == [0, 1, 2, 3, 4]  # dies with the batch
+    await dying.aclose()
+    done: list[int] = []
+    for life in range(1, streams.DEFAULT_MAX_DELIVERIES + 3):
+        await asyncio.sleep(0.15)  # the previous consumer's lease runs out
+        rescuer = make_consumer(r, f"c{life}", lease_ttl_s=0.1)
+        await rescuer.start()
+        await rescuer.reclaim_dead()
+        while entries := await rescuer.read(10, block_ms=0):
+            if values(entries) == [2]:
+                break  # crash: never acked
+            done.extend(values(entries))
+            await rescuer.ack(e.entry_id for e in entries)
+        await rescuer.aclose()
+    assert sorted(done) == [0, 1, 3, 4]
+    rows: Any = await r.xrange(STREAM + streams.DEAD_LETTER_SUFFIX)
+    assert [f[b"i"] for _, f in rows] == [b"2"]
+    assert await group_pending(r, STREAM, GROUP) == 0
+
+
 async def test_a_reclaimed_poison_entry_is_dead_lettered_not_returned(r: aredis.Redis) -> None:
     await produce(r, 1)
     dying = make_consumer(r, "dying", lease_ttl_s=0.1, max_deliveries=1)
@@ -190,7 +218,8 @@ async def test_a_reclaimed_poison_entry_is_dead_lettered_not_returned(r: aredis.
     await rescuer.start()
     await dying.read(1, block_ms=0)
     await asyncio.sleep(0.2)
-    assert await rescuer.reclaim_dead() == []
+    assert await rescuer.reclaim_dead() == 1
+    assert await rescuer.read(10, block_ms=0) == []
     assert await r.xlen("t:dead") == 1
     assert await group_pending(r, STREAM, GROUP) == 0
     await dying.aclose()

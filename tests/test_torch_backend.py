@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ pytest.importorskip("safetensors")
 
 from rl.model import ModelConfig, init_model, load_pretrained, save_pretrained  # noqa: E402
 from rl.tokenizer import CharTokenizer  # noqa: E402
+from services.trainer.service import Trainer  # noqa: E402
 from services.trainer.torch_backend import (  # noqa: E402
     GRPOConfig,
     TorchGRPOTrainer,
@@ -22,7 +24,12 @@ from services.trainer.torch_backend import (  # noqa: E402
     group_advantages,
 )
 from shared import weights  # noqa: E402
+from shared.bus import Bus  # noqa: E402
+from shared.names import Names  # noqa: E402
+from shared.names import TrainerStateField as F  # noqa: E402
+from shared.streams import connect  # noqa: E402
 from shared.weight_transfer import SyncClient  # noqa: E402
+from tests.stack import sim_config  # noqa: E402
 
 TINY = ModelConfig(
     hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1
@@ -207,6 +214,33 @@ def test_resume_without_checkpoints_returns_none_and_old_ones_are_pruned(tmp_pat
     assert trainer.checkpoint_versions() == [2, 3]
 
 
+def test_a_restart_restores_the_checkpoint_its_committed_pointer_names_not_a_newer_uncommitted_one(
+        tmp_path: Path) -> None:
+    # Saved every micro-step, its name committed with the progress: a crash after the save of step 3
+    # but before its commit resumes from step 2's checkpoint, so step 3 is retrained from its start.
+    trainer = _trainer(tmp_path, lr=1e-2)
+    tok = CharTokenizer()
+    gen = torch.Generator().manual_seed(3)
+    prompt = tok.encode(PROMPTS[1])
+    trainer.train_micro_step([_sample_group(trainer, prompt, 9, n=8, gen=gen)])
+    committed = trainer.save_checkpoint(0, global_steps=2)
+    committed_state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train_micro_step([_sample_group(trainer, prompt, 9, n=8, gen=gen)])
+    uncommitted = trainer.save_checkpoint(1, global_steps=3)
+    assert committed != uncommitted and trainer.checkpoint_versions() == [0, 1]
+
+    resumed = _trainer(tmp_path, lr=1e-2)
+    assert resumed.resume_from(committed) == 0 and resumed.num_updates == 1
+    for k, v in resumed.model.state_dict().items():
+        assert torch.equal(v, committed_state[k]), k
+    assert resumed.resume_from("ckpt_g000009_v000009.pt") is None  # a missing one is reported
+
+
+def test_keeping_fewer_than_two_checkpoints_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep_checkpoints"):
+        _trainer(tmp_path, keep_checkpoints=1)
+
+
 def test_release_and_acquire_are_no_ops_on_cpu(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path)
     trainer.release_gpu()
@@ -263,3 +297,35 @@ def test_a_gloo_push_sends_every_param_and_reforms_the_group_only_when_a_replica
     receiver.incarnations = ("restarted",)
     trainer.push_weights("gloo", receiver)
     assert receiver.joins == 2
+
+
+async def test_a_restarted_trainer_service_restores_the_checkpoint_named_in_its_committed_progress(
+        tmp_path: Path, redis_server) -> None:
+    # The commit names step 2's checkpoint; step 3's was saved but never committed (killed between).
+    killed = _trainer(tmp_path, lr=1e-2)
+    gen = torch.Generator().manual_seed(4)
+    prompt = CharTokenizer().encode(PROMPTS[2])
+    killed.train_micro_step([_sample_group(killed, prompt, 9, n=8, gen=gen)])
+    committed = killed.save_checkpoint(0, global_steps=2)
+    committed_state = {k: v.clone() for k, v in killed.model.state_dict().items()}
+    killed.train_micro_step([_sample_group(killed, prompt, 9, n=8, gen=gen)])
+    killed.save_checkpoint(0, global_steps=3)
+
+    config = sim_config()
+    bus = Bus(connect(redis_server.url), Names(config.run.namespace))
+    await bus.redis.hset(bus.names.trainer_state, mapping={F.GLOBAL_STEPS: 2, F.VERSION: 0,
+                                                           F.INITIAL_SYNC_DONE: 1, F.CHECKPOINT: committed})
+    backend = _trainer(tmp_path, lr=1e-2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(Trainer(bus=bus, config=config, backend=backend).run(stop))
+    try:
+        while backend.num_updates == 0:  # restored before it asks the controller for step 2
+            assert not task.done()
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+        await bus.redis.aclose()
+    assert backend.num_updates == 1
+    for k, v in backend.model.state_dict().items():
+        assert torch.equal(v, committed_state[k]), k

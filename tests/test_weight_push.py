@@ -123,3 +123,31 @@ async def test_a_hybrid_whose_ipc_push_fails_alone_reloads_from_disk_and_its_nei
     assert decode(encode(CommandAck.answer(Command(command_id="c", action=CommandAction.SYNC_WEIGHTS),
                                            sender="trainer", report=report))).weights == report
 
+
+
+async def test_a_gone_replica_is_left_out_of_the_push_group_and_sent_a_reload_for_its_return(redis_server):
+    config = sim_config()
+    bus = Bus(connect(redis_server.url), Names(config.run.namespace))
+    standalones = ("standalone_0", "standalone_1")
+    trainer = Trainer(bus=bus, config=config, backend=SimTrainer(config))
+    trainer.transports = dict.fromkeys(standalones, "nccl")
+    pushed: list[tuple[str, ...]] = []
+    reloaded: list[tuple[tuple[str, ...], list[bool], int, str]] = []
+
+    async def push(replica_ids: tuple[str, ...], version: int, transport: str) -> str:
+        pushed.append(replica_ids)
+        return ""
+
+    async def load(replica_ids: tuple[str, ...], alive: list[bool], version: int, weights_path: str) -> None:
+        reloaded.append((replica_ids, alive, version, weights_path))
+
+    trainer._push = push  # type: ignore[method-assign]
+    trainer._load_from_filesystem = load  # type: ignore[method-assign]
+    try:
+        await bus.redis.set(bus.names.worker_heartbeat("standalone_0"), "alive", ex=30)  # standalone_1: gone
+        report = await trainer.sync_replicas(standalones, 3, "/w/v3")
+    finally:
+        await bus.redis.aclose()
+    assert pushed == [("standalone_0",)]
+    assert reloaded == [(("standalone_1",), [False], 3, "/w/v3")]
+    assert (report.pushed, report.ok, report.transport) == (True, True, "nccl")

@@ -21,6 +21,7 @@ from shared.bus import Bus, text
 from shared.liveness import beat
 from shared.names import TRAINER_GROUP
 from shared.names import RolloutStateField as F
+from shared.peer_liveness import alive
 from shared.rpc import CommandClient
 from shared.schema import CommandAction
 from shared.streams import group_lag
@@ -33,12 +34,17 @@ TRAINER_CALL_TIMEOUT_S = 3600.0
 """A weight sync may take minutes (a push of a large model). Sent once, never re-sent: a trainer
 that restarts replays the pending command from its consumer group, and a second push of the same
 version while the first still runs would wait for a broadcast that never comes."""
+WORKER_DEADLINE_S = 180.0
+"""How long a live worker may take to ack one lifecycle command (a vLLM wake or sleep of a large
+model takes tens of seconds); past it the worker is marked unresponsive and the plan goes on."""
 
 
 class Executor:
-    def __init__(self, *, bus: Bus, rpc: CommandClient, force_event: asyncio.Event | None = None) -> None:
+    def __init__(self, *, bus: Bus, rpc: CommandClient, force_event: asyncio.Event | None = None,
+                 worker_deadline_s: float = WORKER_DEADLINE_S) -> None:
         self.bus = bus
         self.rpc = rpc
+        self.worker_deadline_s = worker_deadline_s
         self.trainer_rpc = CommandClient(bus, timeout_s=TRAINER_CALL_TIMEOUT_S, max_attempts=1)
         self.force_event = force_event or asyncio.Event()
 
@@ -92,26 +98,20 @@ class Executor:
             raise AssertionError(f"unhandled op {op!r}")
         return None
 
-    async def _alive(self, replica_ids: tuple[str, ...]) -> list[bool]:
-        """Which of `replica_ids` have a worker heartbeat, in order (one round trip)."""
-        async with self.bus.redis.pipeline(transaction=False) as pipe:
-            for replica_id in replica_ids:
-                pipe.exists(self.bus.names.worker_heartbeat(replica_id))
-            return [bool(n) for n in await pipe.execute()]
-
     async def _workers(self, replica_ids: tuple[str, ...], action: CommandAction) -> None:
-        """Send to every replica; wait for the acks of live ones only. A replica whose heartbeat
-        expired, before or while its ack is awaited, gets the command too (replayed when it
-        restarts) but is not waited for: a worker that dies never fails the controller."""
+        """Send to every replica; wait for the acks of live ones only, each within the worker
+        deadline. A replica that is gone (heartbeat expired, or unresponsive), before or while its
+        ack is awaited, gets the command too (replayed when it restarts) but is not waited for: a
+        worker that dies or hangs never fails the controller."""
         names = self.bus.names
-        alive = await self._alive(replica_ids)
-        for replica_id, is_alive in zip(replica_ids, alive, strict=True):
-            if not is_alive:
-                log.warning("replica %s has no heartbeat: %s sent, not awaited", replica_id, action)
+        is_alive = await alive(self.bus.redis, names, [names.worker_heartbeat(r) for r in replica_ids])
+        for replica_id, up in zip(replica_ids, is_alive, strict=True):
+            if not up:
+                log.warning("replica %s is gone: %s sent, not awaited", replica_id, action)
                 await self.rpc.send(names.worker_commands(replica_id), action)
         live = [(names.worker_commands(r), names.worker_heartbeat(r))
-                for r, is_alive in zip(replica_ids, alive, strict=True) if is_alive]
-        await self.rpc.call_peers(live, action)
+                for r, up in zip(replica_ids, is_alive, strict=True) if up]
+        await self.rpc.call_peers(live, action, deadline_s=self.worker_deadline_s)
 
     async def _rollouter_state(self) -> dict[str, str]:
         state = await self.bus.redis.hgetall(self.bus.names.rollouter_state)

@@ -31,7 +31,8 @@ from redis.exceptions import ResponseError
 
 from core.routing import LoadBalancerState, NoReplicaAvailable
 from shared.bus import Bus, Subscription, text
-from shared.names import LOADBALANCER_GROUP, WORKER_GROUP
+from shared.names import HEARTBEAT_TTL_S, LOADBALANCER_GROUP, WORKER_GROUP
+from shared.peer_liveness import alive
 from shared.runtime import sleep_unless, supervise
 from shared.schema import (
     FINISHED,
@@ -51,6 +52,9 @@ from shared.streams import StreamConsumer, group_lag, group_pending
 log = logging.getLogger(__name__)
 CONSUMER = "loadbalancer"
 WATCH_INTERVAL_S = 1.0
+STARTUP_GRACE_S = 2.0 * HEARTBEAT_TTL_S
+"""A member never seen alive (its process not started yet) is judged gone only after this long:
+one killed during its start-up, before this load balancer saw it, must not strand requests."""
 
 
 class LoadBalancer:
@@ -139,24 +143,34 @@ class LoadBalancer:
             await sub.ack(*(entry_id for entry_id, _ in batch))
 
     async def _watch_replicas(self, stop: asyncio.Event) -> None:
-        """A replica whose heartbeat expired is taken out of routing, and the requests stranded in
-        its stream (queued, or taken and never answered) are answered 'rejected' so the rollouter
-        retries them elsewhere. It is routed to again once its heartbeat returns."""
+        """A member that is gone (heartbeat expired, or unresponsive: shared.peer_liveness) is taken out
+        of routing until it is alive again (a restarted worker). The requests stranded in the
+        stream of any replica ever routed to that is gone (queued, or taken and never answered)
+        are answered 'rejected' so the rollouter retries them elsewhere: a member too, and a
+        replica the controller removed before its death was seen (its abort never ran)."""
         seen_alive: set[str] = set()
+        known: set[str] = set()
+        grace_ends = time.monotonic() + STARTUP_GRACE_S
         while not stop.is_set():
-            for replica_id in set(self.state.replica_ids) | self._dead:
-                alive = bool(await self.bus.redis.exists(self.bus.names.worker_heartbeat(replica_id)))
-                if alive:
+            known |= set(self.state.replica_ids) | self._dead
+            watched = sorted(known)
+            beats = [self.bus.names.worker_heartbeat(r) for r in watched]
+            ups = await alive(self.bus.redis, self.bus.names, beats)
+            gone = []
+            for replica_id, up in zip(watched, ups, strict=True):
+                if up:
                     seen_alive.add(replica_id)
                     if replica_id in self._dead:
                         self._dead.discard(replica_id)
                         self.state.add_replicas([replica_id])
                         await self._audit(f"alive again {replica_id}", alive=True, replica_ids=[replica_id])
-                elif replica_id in seen_alive and replica_id not in self._dead:
-                    self._dead.add(replica_id)
-                    self.state.remove_replicas([replica_id])
-                    await self._audit(f"dead {replica_id}", alive=False, replica_ids=[replica_id])
-            for replica_id in self._dead:
+                elif replica_id in seen_alive or time.monotonic() > grace_ends:
+                    gone.append(replica_id)
+                    if replica_id in self.state.replica_ids:
+                        self._dead.add(replica_id)
+                        self.state.remove_replicas([replica_id])
+                        await self._audit(f"dead {replica_id}", alive=False, replica_ids=[replica_id])
+            for replica_id in gone:
                 await self._reject_stranded(replica_id)
             await sleep_unless(stop, WATCH_INTERVAL_S)
 
@@ -167,29 +181,37 @@ class LoadBalancer:
                                  lease_key_prefix=names.lease(""))
         await rescuer.start()
         try:
-            entries = await rescuer.reclaim_dead() + await rescuer.read(count=1024, block_ms=0)
-            answers = []
-            for entry in entries:
-                try:
-                    request = decode(entry.fields)
-                except MalformedMessage:
-                    continue  # garbage: acked below, nothing to answer
-                if isinstance(request, GenerateRequest):
-                    answers.append((names.rollouter_results, GenerateResult(
-                        request_id=request.request_id, sample_id=request.sample_id, replica_id=replica_id,
-                        token_ids=[], logprobs=[], finish_reason=FinishReason.REJECTED, weight_version=-1,
-                        attempt=request.attempt)))
-            await self.bus.publish_many(answers)
-            await rescuer.ack([e.entry_id for e in entries])
-            if answers:
-                log.warning("answered %d requests stranded on dead replica %s", len(answers), replica_id)
+            # the replica's own consumer too: a hung worker still renews its lease
+            await rescuer.reclaim_dead(also=(replica_id,))
+            answered = 0
+            while entries := await rescuer.read(count=1024, block_ms=0):  # reclaimed: one per read
+                answers = []
+                for entry in entries:
+                    try:
+                        request = decode(entry.fields)
+                    except MalformedMessage:
+                        continue  # garbage: acked below, nothing to answer
+                    if isinstance(request, GenerateRequest):
+                        answers.append((names.rollouter_results, GenerateResult(
+                            request_id=request.request_id, sample_id=request.sample_id, replica_id=replica_id,
+                            token_ids=[], logprobs=[], finish_reason=FinishReason.REJECTED, weight_version=-1,
+                            attempt=request.attempt)))
+                await self.bus.publish_many(answers)
+                await rescuer.ack([e.entry_id for e in entries])
+                answered += len(answers)
+            if answered:
+                log.warning("answered %d requests stranded on dead replica %s", answered, replica_id)
         finally:
             await rescuer.aclose(release_lease=True)
 
     async def _apply(self, command: Command) -> RoutingReport:
         changed: list[str] = []
         cleared = 0
-        if command.action is CommandAction.ADD:  # a dead member joins routing when its heartbeat returns
+        if command.action is CommandAction.ADD:  # a gone member joins routing when it is alive again
+            beats = [self.bus.names.worker_heartbeat(r) for r in command.replica_ids]
+            ups = await alive(self.bus.redis, self.bus.names, beats)
+            up = dict(zip(command.replica_ids, ups, strict=True))
+            self._dead.update(r for r in command.replica_ids if not up[r] and r not in self.state.replica_ids)
             changed = self.state.add_replicas(r for r in command.replica_ids if r not in self._dead)
         elif command.action is CommandAction.REMOVE:
             changed = self.state.remove_replicas(command.replica_ids)

@@ -9,13 +9,12 @@ import uuid
 
 from core.replica import ReplicaState
 from services.rollout_worker.engine import Engine
+from services.rollout_worker.startup import StartupHeartbeat
 from services.rollout_worker.worker import RolloutWorker
 from shared.bus import Bus
 from shared.config import Config
 from shared.liveness import untrack
 from shared.runtime import load, run_until_stopped, service_args, supervise
-
-STARTUP_TTL_S = 300
 
 
 def worker_service_name(replica_ids: list[str]) -> str:
@@ -52,17 +51,16 @@ def main(argv: list[str] | None = None) -> None:
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         untrack()  # while engines start, the start-up lease says alive; the workers' loops, once they run
         incarnations = {replica_id: uuid.uuid4().hex[:12] for replica_id in args.replica_id}
-        # alive while the engine starts (vLLM: tens of s)
-        for replica_id, incarnation in incarnations.items():
-            await bus.redis.set(names.worker_heartbeat(replica_id), incarnation, ex=STARTUP_TTL_S)
+        beats = {names.worker_heartbeat(r): incarnation for r, incarnation in incarnations.items()}
         workers = []
-        for replica_id in args.replica_id:
-            engine = build_engine(config, replica_id)
-            await engine.start()
-            initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
-            workers.append(RolloutWorker(bus=bus, replica_id=replica_id, engine=engine, initial_state=initial,
-                                         incarnation=incarnations[replica_id],
-                                         push_timeout_s=config.rollout.weight_push_timeout_s))
+        with StartupHeartbeat(args.redis_url, beats):  # alive while the engines start (vLLM: tens of s)
+            for replica_id in args.replica_id:
+                engine = build_engine(config, replica_id)
+                await engine.start()
+                initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
+                workers.append(RolloutWorker(bus=bus, replica_id=replica_id, engine=engine,
+                                             initial_state=initial, incarnation=incarnations[replica_id],
+                                             push_timeout_s=config.rollout.weight_push_timeout_s))
         try:
             await supervise({f"replica.{w.replica_id}": w.run(stop) for w in workers})
         finally:

@@ -34,6 +34,7 @@ from core.replica import ReplicaState, transition
 from services.rollout_worker.engine import Engine
 from shared.bus import Bus, Subscription, text
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP, TrainerStateField
+from shared.peer_liveness import clear_unresponsive
 from shared.runtime import sleep_unless, supervise
 from shared.schema import (
     PUSH_ACTIONS,
@@ -80,16 +81,21 @@ class RolloutWorker:
         """1. load the newest published weights; 2. a replica that starts SLEEPING (a hybrid) puts
         its engine to sleep, so the trainer's GPU memory is free before any activation; 3. publish
         the initial state; 4. serve commands, requests and heartbeats until `stop`; 5. abort
-        in-flight generations so their partial tokens go back to the rollouter."""
-        await self._catch_up()
-        if self.state is ReplicaState.SLEEPING:
-            await self.engine.sleep()
-        await self._publish_state(None)
+        in-flight generations so their partial tokens go back to the rollouter. The heartbeat
+        beats from the start, so peers see a worker that dies in steps 1-2 gone within its TTL;
+        one failing loop cancels the others and fails the process (shared.runtime.supervise)."""
         prefix = f"rollout_worker.{self.replica_id}"
-        try:  # one failing loop cancels the others and fails the process (shared.runtime.supervise)
+
+        async def serve() -> None:
+            await self._catch_up()
+            if self.state is ReplicaState.SLEEPING:
+                await self.engine.sleep()
+            await self._publish_state(None)
             await supervise({f"{prefix}.commands": self._serve_commands(stop),
-                             f"{prefix}.requests": self._serve_requests(stop),
-                             f"{prefix}.heartbeat": self._heartbeat(stop)})
+                             f"{prefix}.requests": self._serve_requests(stop)})
+
+        try:
+            await supervise({f"{prefix}.heartbeat": self._heartbeat(stop), f"{prefix}.serve": serve()})
         finally:
             if self.wedged:  # the engine would not answer: leave it to the process's exit, and
                 # let the trainer's watch see this worker gone now rather than at the heartbeat's TTL
@@ -178,6 +184,8 @@ class RolloutWorker:
         next_state = transition(self.state, command.action)
         await self._run_engine(command)
         self.state = next_state
+        names = self.bus.names  # applied: a worker marked unresponsive (a hung engine) answers again
+        await clear_unresponsive(self.bus.redis, names, names.worker_heartbeat(self.replica_id))
         await self._publish_state(command.action)
         return ReplicaReport(state=self.state, version=self.version, duration_s=time.monotonic() - started)
 

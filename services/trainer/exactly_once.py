@@ -7,7 +7,7 @@ copy within the batch, or an id the rollouter never queued is dead-lettered with
 never trained; the driver pops another in its place), and after the micro-step commits the batch
 with `MARK_TRAINED`: one Lua script acks the entries, moves each sample `queued -> trained` only
 if it is still `queued`, moves the accounting counters by the number it moved, and writes the
-trainer's progress (global_steps, version, sync pending), all at once.
+trainer's progress (global_steps, version, sync pending, the checkpoint pointer), all at once.
 An entry that fails the compare-and-set there (it can only if another trainer raced this one) is
 acked and dead-lettered by the script too, so nothing is counted twice.
 """
@@ -54,7 +54,7 @@ return rejected
 
 
 async def mark_trained(redis: aredis.Redis, names: Names, batch: Sequence[tuple[bytes, str]], *,
-                       progress: Mapping[str, int], dead_letter_maxlen: int) -> list[bytes]:
+                       progress: Mapping[str, int | str], dead_letter_maxlen: int) -> list[bytes]:
     """Ack `batch` ((entry id, sample id) pairs), move its queued samples to trained and write
     `progress` into trainer_state, atomically; the entry ids that were not queued (dead-lettered
     by the script)."""

@@ -43,6 +43,7 @@ from shared.bus import Bus, Subscription, malformed_reason, text
 from shared.config import Config
 from shared.names import TRAINER_GROUP
 from shared.names import TrainerStateField as F
+from shared.peer_liveness import alive
 from shared.rpc import CommandClient, CommandFailed
 from shared.runtime import supervise
 from shared.schema import (
@@ -74,7 +75,11 @@ class TrainerBackend(Protocol):
 
     def acquire_gpu(self) -> None: ...
 
-    def save_checkpoint(self, version: int) -> object: ...
+    def save_checkpoint(self, version: int, global_steps: int = 0) -> str | None:
+        """Save model + optimizer; the pointer to restore them from (None: nothing to save)."""
+
+    def resume_from(self, pointer: str) -> int | None:
+        """Restore the checkpoint `pointer` names; its version (None: not found)."""
 
     def resume_latest(self) -> int | None: ...
 
@@ -121,13 +126,10 @@ class Trainer:
                                      global_steps=int(state.get(F.GLOBAL_STEPS, 1)),
                                      version=int(state.get(F.VERSION, 0)),
                                      initial_sync_done=state.get(F.INITIAL_SYNC_DONE) == "1",
-                                     sync_pending=state.get(F.SYNC_PENDING) == "1")
+                                     sync_pending=state.get(F.SYNC_PENDING) == "1",
+                                     checkpoint=state.get(F.CHECKPOINT, ""))
         self.stale_trajectories = int(state.get(F.STALE_TRAJECTORIES, 0))
-        if self.cycle.version > 0:
-            resumed = await asyncio.to_thread(self.backend.resume_latest)
-            if resumed != self.cycle.version:
-                log.warning("trainer state says version %d but the newest checkpoint is %s",
-                            self.cycle.version, resumed)
+        await self._restore_weights()
         replies = await self.bus.subscribe(names.trainer_replies, TRAINER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.trainer_commands, TRAINER_GROUP, CONSUMER)
         mq = self.bus.consumer(names.mq, TRAINER_GROUP, CONSUMER)
@@ -144,6 +146,19 @@ class Trainer:
             await mq.aclose()
             await self._rpc.close()
             await self._push_rpc.close()
+
+    async def _restore_weights(self) -> None:
+        """The weights of the committed progress: the checkpoint its pointer names, never a newer one
+        saved before a commit that did not happen; without a pointer, the newest checkpoint."""
+        if self.cycle.checkpoint:
+            resumed = await asyncio.to_thread(self.backend.resume_from, self.cycle.checkpoint)
+        elif self.cycle.version > 0:
+            resumed = await asyncio.to_thread(self.backend.resume_latest)
+        else:
+            return
+        if resumed != self.cycle.version:
+            log.warning("trainer state says version %d but the checkpoint restored (%r) holds %s",
+                        self.cycle.version, self.cycle.checkpoint, resumed)
 
     async def _run_cycle(self, replies: Subscription, mq: StreamConsumer, stop: asyncio.Event) -> None:
         plan = self.cycle.run()
@@ -176,7 +191,7 @@ class Trainer:
         elif isinstance(op, tc.MarkTrained):
             await self._mark_trained(mq, op.batch, op.progress)
         elif isinstance(op, tc.SaveCheckpoint):
-            await asyncio.to_thread(self.backend.save_checkpoint, op.version)
+            return await asyncio.to_thread(self.backend.save_checkpoint, op.version, op.global_steps)
         elif isinstance(op, tc.ExportWeights):
             path = await asyncio.to_thread(self.backend.export_weights, op.version) or ""
             # What a (re)starting rollout worker loads before it serves (see RolloutWorker.run).
@@ -227,10 +242,11 @@ class Trainer:
                                          global_steps=global_steps, version=version,
                                          detail=f"{phase} {global_steps}"))
 
-    def _progress_fields(self, progress: tc.SaveProgress) -> dict[str, int]:
+    def _progress_fields(self, progress: tc.SaveProgress) -> dict[str, int | str]:
         return {F.GLOBAL_STEPS: progress.global_steps, F.VERSION: progress.version,
                 F.INITIAL_SYNC_DONE: int(progress.initial_sync_done),
-                F.SYNC_PENDING: int(progress.sync_pending), F.STALE_TRAJECTORIES: self.stale_trajectories}
+                F.SYNC_PENDING: int(progress.sync_pending), F.STALE_TRAJECTORIES: self.stale_trajectories,
+                F.CHECKPOINT: progress.checkpoint}
 
     async def _mark_trained(self, mq: StreamConsumer, batch: Sequence[tuple[bytes, Sample]],
                             progress: tc.SaveProgress) -> None:
@@ -290,16 +306,17 @@ class Trainer:
 
     async def sync_replicas(self, replica_ids: tuple[str, ...], version: int,
                             weights_path: str) -> WeightSyncReport:
-        """Push when these replicas share a push transport and all are alive, one push per group of
-        `push_groups` (ipc: one replica at a time, so a hybrid that cannot take it fails alone);
-        the replicas of a failed push, or all of them without a push, reload `version` from the
-        filesystem."""
+        """Push when these replicas share a push transport, to the live ones only, one push per group
+        of `push_groups` (ipc: one replica at a time, so a hybrid that cannot take it fails alone);
+        the replicas of a failed push, the gone ones (sent, not awaited: replayed on their return),
+        or all of them without a push, reload `version` from the filesystem."""
         transports = {self.transports.get(r, "") for r in replica_ids}
         transport = transports.pop() if len(transports) == 1 else ""
         alive = await self._alive(replica_ids)
-        pushed = bool(transport and replica_ids and all(alive))
+        live_ids = tuple(r for r, up in zip(replica_ids, alive, strict=True) if up)
+        pushed = bool(transport and live_ids)
         pushes: list[PushGroupReport] = []
-        for group in push_groups(transport, replica_ids) if pushed else []:
+        for group in push_groups(transport, live_ids) if pushed else []:
             started = time.monotonic()
             error = await self._push(group, version, transport)
             pushes.append(PushGroupReport(replica_ids=list(group), ok=not error, error=error,
@@ -308,8 +325,9 @@ class Trainer:
                 log.warning("%s push of v%d to %s failed (%s): falling back to the filesystem", transport,
                             version, list(group), error)
         failed = {r for p in pushes if not p.ok for r in p.replica_ids}
-        if failed or not pushed:
-            reload = [(r, a) for r, a in zip(replica_ids, alive, strict=True) if not pushed or r in failed]
+        if failed or not pushed or len(live_ids) < len(replica_ids):
+            reload = [(r, a) for r, a in zip(replica_ids, alive, strict=True)
+                      if not pushed or r in failed or not a]
             await self._load_from_filesystem(tuple(r for r, _ in reload), [a for _, a in reload], version,
                                              weights_path)
         return WeightSyncReport(replica_ids=list(replica_ids), version=version,
@@ -334,16 +352,15 @@ class Trainer:
         return ""
 
     async def _alive(self, replica_ids: tuple[str, ...]) -> list[bool]:
-        """Which of `replica_ids` have a worker heartbeat, in order (one round trip)."""
-        async with self.bus.redis.pipeline(transaction=False) as pipe:
-            for replica_id in replica_ids:
-                pipe.exists(self.bus.names.worker_heartbeat(replica_id))
-            return [bool(n) for n in await pipe.execute()]
+        """Which of `replica_ids` are alive (shared.peer_liveness), in order (one round trip)."""
+        return await alive(self.bus.redis, self.bus.names,
+                           [self.bus.names.worker_heartbeat(r) for r in replica_ids])
 
     async def _load_from_filesystem(self, replica_ids: tuple[str, ...], alive: list[bool], version: int,
                                     weights_path: str) -> None:
         """Send update_weights to every replica; wait for the acks of live ones only. A replica whose
-        heartbeat expired gets the command too (replayed when it restarts) but is not waited for."""
+        heartbeat expired, or that is unresponsive, gets the command too (replayed when it
+        restarts) but is not waited for."""
         names = self.bus.names
         action = CommandAction.UPDATE_WEIGHTS
         for replica_id, is_alive in zip(replica_ids, alive, strict=True):

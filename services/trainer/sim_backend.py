@@ -36,8 +36,11 @@ class SimTrainer:
     def export_weights(self, version: int) -> str | None:
         return None
 
-    def save_checkpoint(self, version: int) -> None:
+    def save_checkpoint(self, version: int, global_steps: int = 0) -> None:
         """Nothing to save: the sim has no parameters."""
+
+    def resume_from(self, pointer: str) -> int | None:
+        return None
 
     def resume_latest(self) -> int | None:
         return None

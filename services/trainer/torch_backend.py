@@ -44,7 +44,7 @@ from shared.runtime import free_port
 
 log = logging.getLogger(__name__)
 
-_CKPT_RE = re.compile(r"^ckpt_v(\d{6,})\.pt$")
+_CKPT_RE = re.compile(r"^ckpt_g(\d{6,})_v(\d{6,})\.pt$")
 
 
 class TrajectoryLike(Protocol):
@@ -88,6 +88,7 @@ class GRPOConfig:
     adv_eps: float = 1e-6
     keep_weight_versions: int = 3
     keep_checkpoints: int = 2
+    """>= 2: the checkpoint being written and the one the committed progress points to."""
     device: str = "auto"
     """'auto' picks cuda when available, else cpu."""
     transfer_address: str = "127.0.0.1"
@@ -106,6 +107,9 @@ class GRPOConfig:
             raise ValueError(f"bad clip ratios {self.clip_ratio_low}, {self.clip_ratio_high}")
         if self.max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if self.keep_checkpoints < 2:
+            raise ValueError(f"keep_checkpoints must be >= 2 (the committed one survives the next save), "
+                             f"got {self.keep_checkpoints}")
 
 
 def group_advantages(rewards: Sequence[float], *, eps: float = 1e-6) -> list[float]:
@@ -312,11 +316,14 @@ class TorchGRPOTrainer:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def save_checkpoint(self, version: int) -> Path:
-        """Write model + optimizer + version atomically as `ckpt_v{version:06d}.pt`."""
+    def save_checkpoint(self, version: int, global_steps: int = 0) -> str:
+        """Write model + optimizer + version atomically as `ckpt_g{global_steps}_v{version}.pt` and
+        return its name: the pointer the trainer commits with its progress (every micro-step; the
+        tiny model's save costs a few ms, docs/reliability.md). The newest `keep_checkpoints` stay,
+        so the committed one survives the save of the next."""
         out = Path(self.config.checkpoint_dir)
         out.mkdir(parents=True, exist_ok=True)
-        final = out / f"ckpt_v{version:06d}.pt"
+        final = out / f"ckpt_g{global_steps:06d}_v{version:06d}.pt"
         tmp = out / f".{final.name}.tmp-{os.getpid()}"
         payload: dict[str, Any] = {
             "version": version,
@@ -329,23 +336,33 @@ class TorchGRPOTrainer:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
         self.version = version
-        for old in self.checkpoint_versions()[: -self.config.keep_checkpoints]:
-            (out / f"ckpt_v{old:06d}.pt").unlink(missing_ok=True)
-        return final
+        for old in self._checkpoints()[: -self.config.keep_checkpoints]:
+            old.unlink(missing_ok=True)
+        return final.name
 
-    def checkpoint_versions(self) -> list[int]:
+    def _checkpoints(self) -> list[Path]:
+        """Checkpoint files, oldest first (by micro-step, then version)."""
         out = Path(self.config.checkpoint_dir)
         if not out.is_dir():
             return []
-        found = (_CKPT_RE.match(p.name) for p in out.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        found = [(m, p) for p in out.iterdir() if (m := _CKPT_RE.match(p.name))]
+        return [p for m, p in sorted(found, key=lambda mp: (int(mp[0].group(1)), int(mp[0].group(2))))]
+
+    def checkpoint_versions(self) -> list[int]:
+        return [int(m.group(2)) for p in self._checkpoints() if (m := _CKPT_RE.match(p.name))]
 
     def resume_latest(self) -> int | None:
         """Restore the newest checkpoint; returns its version, or None if there is none."""
-        present = self.checkpoint_versions()
-        if not present:
+        present = self._checkpoints()
+        return self.resume_from(present[-1].name) if present else None
+
+    def resume_from(self, pointer: str) -> int | None:
+        """Restore the checkpoint named `pointer` (save_checkpoint's return); its version, or None
+        if it is not there."""
+        path = Path(self.config.checkpoint_dir) / pointer
+        if not _CKPT_RE.match(path.name) or not path.is_file():
+            log.error("checkpoint %s not found: the trainer keeps its initial weights", path)
             return None
-        path = Path(self.config.checkpoint_dir) / f"ckpt_v{present[-1]:06d}.pt"
         payload = torch.load(path, map_location="cpu", weights_only=True)
         self.model.load_state_dict(payload["model"])
         self.model.to(self.device)
@@ -354,4 +371,3 @@ class TorchGRPOTrainer:
         self.num_updates = int(payload["num_updates"])
         log.info("resumed trainer from %s (version %d)", path, self.version)
         return self.version
-
