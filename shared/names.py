@@ -259,6 +259,11 @@ class Names:
         """String key with a TTL: the worker process's incarnation id while it is alive."""
         return self._key("heartbeat", f"worker:{replica_id}")
 
+    def worker_serving(self, replica_id: str) -> str:
+        """String key: the incarnation id of the worker process that finished starting (engine up,
+        newest weights loaded, commands read); a starting or restarted process has not written it yet."""
+        return self._key("serving", f"worker:{replica_id}")
+
     def health(self, service: str) -> str:
         """String key with a TTL: JSON {loop: seconds since its last beat} of one service process
         (shared.health publishes it, `python -m shared.health` checks it)."""

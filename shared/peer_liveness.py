@@ -29,6 +29,22 @@ async def alive(redis: aredis.Redis, names: Names, heartbeat_keys: Sequence[str]
     return [beat is not None and beat != stuck for beat, stuck in zip(beats, hung, strict=True)]
 
 
+async def serving(redis: aredis.Redis, names: Names, replica_ids: Sequence[str]) -> list[bool]:
+    """For each replica, in order: is its worker alive and done starting (the incarnation beating is
+    the one that wrote `worker_serving`)? A worker still starting its engine is alive but needs no
+    weight sync: it loads the newest weights when it starts, then replays the commands sent meanwhile."""
+    if not replica_ids:
+        return []
+    beat_keys = [names.worker_heartbeat(r) for r in replica_ids]
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.mget(beat_keys)
+        pipe.hmget(names.unresponsive, beat_keys)
+        pipe.mget([names.worker_serving(r) for r in replica_ids])
+        beats, hung, started = await pipe.execute()
+    return [beat is not None and beat != stuck and beat == done
+            for beat, stuck, done in zip(beats, hung, started, strict=True)]
+
+
 async def clear_unresponsive(redis: aredis.Redis, names: Names, heartbeat_key: str) -> None:
     """The process behind `heartbeat_key` applied a command: it answers again (a recovered engine)."""
     await redis.hdel(names.unresponsive, heartbeat_key)

@@ -133,3 +133,33 @@ async def test_a_live_worker_that_never_acks_is_marked_unresponsive_and_the_run_
         recovered.set()
         await stack.close()
     _assert_trained_once(counts)
+
+
+async def test_a_weight_sync_sends_a_worker_still_starting_its_engine_a_reload_without_waiting(redis_server):
+    # A vLLM start under load can outlast every ack deadline: the worker beats while it starts, but
+    # a sync must not wait for it; it replays the reload once its engine is up.
+    config = sim_config()
+    stack = Stack(config, redis_server.url)
+    trainer = stack.start_trainer()
+    redis = stack.bus().redis
+    names = stack.names
+    await redis.set(names.worker_heartbeat("standalone_0"), "inc-1", ex=60)  # its start-up heartbeat
+    try:
+        await asyncio.sleep(0.5)  # the trainer's command client starts with its loop
+        async with asyncio.timeout(10):
+            await trainer.sync_replicas(("standalone_0",), 1, "")
+        engine = SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,
+                           prompt_length=config.data.prompt_length, seed=config.run.seed)
+        await engine.start()  # the engine is up: the worker starts serving
+        worker = RolloutWorker(bus=stack.bus(), replica_id="standalone_0", engine=engine,
+                               initial_state=ReplicaState.SERVING, incarnation="inc-1")
+        stack.tasks["standalone_0"] = asyncio.create_task(worker.run(stack.stop))
+        async with asyncio.timeout(10):
+            while worker.version < 1:  # the reload sent while it started, replayed
+                await asyncio.sleep(0.05)
+        assert await redis.get(names.worker_serving("standalone_0")) == b"inc-1"
+        async with asyncio.timeout(10):  # serving now: the next sync is awaited, and acked
+            report = await trainer.sync_replicas(("standalone_0",), 2, "")
+        assert report.ok and worker.version == 2
+    finally:
+        await stack.close()

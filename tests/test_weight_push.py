@@ -112,6 +112,7 @@ async def test_a_hybrid_whose_ipc_push_fails_alone_reloads_from_disk_and_its_nei
     try:
         for hybrid in hybrids:
             await bus.redis.set(bus.names.worker_heartbeat(hybrid), "alive", ex=30)
+            await bus.redis.set(bus.names.worker_serving(hybrid), "alive")  # done starting
         report = await trainer.sync_replicas(hybrids, 3, "/w/v3")
     finally:
         await bus.redis.aclose()
@@ -145,6 +146,7 @@ async def test_a_gone_replica_is_left_out_of_the_push_group_and_sent_a_reload_fo
     trainer._load_from_filesystem = load  # type: ignore[method-assign]
     try:
         await bus.redis.set(bus.names.worker_heartbeat("standalone_0"), "alive", ex=30)  # standalone_1: gone
+        await bus.redis.set(bus.names.worker_serving("standalone_0"), "alive")
         report = await trainer.sync_replicas(standalones, 3, "/w/v3")
     finally:
         await bus.redis.aclose()

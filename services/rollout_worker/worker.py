@@ -91,6 +91,7 @@ class RolloutWorker:
             if self.state is ReplicaState.SLEEPING:
                 await self.engine.sleep()
             await self._publish_state(None)
+            await self.bus.redis.set(self.bus.names.worker_serving(self.replica_id), self.incarnation)
             await supervise({f"{prefix}.commands": self._serve_commands(stop),
                              f"{prefix}.requests": self._serve_requests(stop)})
 
@@ -202,6 +203,10 @@ class RolloutWorker:
                 await self.engine.wake()
         elif action is CommandAction.UPDATE_WEIGHTS:
             self._resume_after_push = False  # the fallback after a failed push resumes below
+            if command.version < self.version:  # a reload sent while this worker started, replayed
+                log.info("%s: skips update_weights v%d (holds v%d)", self.replica_id, command.version,
+                         self.version)
+                return
             serving = self.state is ReplicaState.SERVING
             if serving:
                 await self.engine.abort_all()

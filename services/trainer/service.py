@@ -43,7 +43,7 @@ from shared.bus import Bus, Subscription, malformed_reason, text
 from shared.config import Config
 from shared.names import TRAINER_GROUP
 from shared.names import TrainerStateField as F
-from shared.peer_liveness import alive
+from shared.peer_liveness import serving
 from shared.rpc import CommandClient, CommandFailed
 from shared.runtime import supervise
 from shared.schema import (
@@ -352,9 +352,10 @@ class Trainer:
         return ""
 
     async def _alive(self, replica_ids: tuple[str, ...]) -> list[bool]:
-        """Which of `replica_ids` are alive (shared.peer_liveness), in order (one round trip)."""
-        return await alive(self.bus.redis, self.bus.names,
-                           [self.bus.names.worker_heartbeat(r) for r in replica_ids])
+        """Which of `replica_ids` are serving (shared.peer_liveness), in order (one round trip). One
+        still starting counts as gone here: it loads the newest weights itself when its engine is up
+        (a vLLM start under load can outlast every ack deadline)."""
+        return await serving(self.bus.redis, self.bus.names, replica_ids)
 
     async def _load_from_filesystem(self, replica_ids: tuple[str, ...], alive: list[bool], version: int,
                                     weights_path: str) -> None:
