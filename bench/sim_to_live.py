@@ -37,28 +37,41 @@ DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yam
 WALL_TOLERANCE, ACTIVATION_TOLERANCE, MQ_TOLERANCE = 0.10, 0.20, 0.20
 
 
-def _story(times_s: list[float], mq: list[float], activations: int) -> dict[str, float]:
+PER_VERSION_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/param_sync", "timing_s/deactivate",
+                    "timing_s/wait_for_enough_samples", "dynamic_resource/mq_size",
+                    "fully_async/rollouter/idle_ratio")
+"""Per-version metrics shown side by side (``--versions``): where the two stories part."""
+
+
+def _story(times_s: list[float], cycles: list[dict[str, float]], activations: int,
+           seconds_per_unit: float = 1.0) -> dict[str, Any]:
+    mq = [c["dynamic_resource/mq_size"] for c in cycles]
+    def scaled(key: str, cycle: dict[str, float]) -> float:
+        return cycle.get(key, float("nan")) / (seconds_per_unit if key.startswith("timing_s/") else 1.0)
+
+    per_version = [{"version_s": t - (times_s[i - 1] if i else 0.0),
+                    **{key: scaled(key, c) for key in PER_VERSION_KEYS}}
+                   for i, (t, c) in enumerate(zip(times_s, cycles, strict=True))]
     return {"wall_after_first_version_s": times_s[-1] - times_s[0], "activations": float(activations),
-            "mean_mq_size": sum(mq) / len(mq), "versions": float(len(times_s))}
+            "mean_mq_size": sum(mq) / len(mq), "versions": float(len(times_s)), "per_version": per_version}
 
 
-def planned(config_path: Path) -> dict[str, float]:
+def planned(config_path: Path) -> dict[str, Any]:
     res = simulate(Scenario.from_config(load_config(config_path), source=str(config_path)))
-    return _story([c["time_s"] for c in res.cycles], [c["dynamic_resource/mq_size"] for c in res.cycles],
-                  res.activations)
+    return _story([c["time_s"] for c in res.cycles], res.cycles, res.activations)
 
 
-def live(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, float]:
+def live(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, Any]:
     config = load_config(config_path)
     summary = run_job(config_path, out_dir, fresh=True, progress=False, timeout_s=timeout_s)
     text = (out_dir / "metrics.jsonl").read_text()
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-    times = [line["t"] / config.run.time_scale for line in lines]
-    return _story(times, [line["dynamic_resource/mq_size"] for line in lines],
-                  int(summary["switches"]["activations"] or 0))
+    scale = config.run.time_scale
+    return _story([line["t"] / scale for line in lines], lines, int(summary["switches"]["activations"] or 0),
+                  seconds_per_unit=scale)
 
 
-def agreement(sim: dict[str, float], run: dict[str, float]) -> dict[str, bool]:
+def agreement(sim: dict[str, Any], run: dict[str, Any]) -> dict[str, bool]:
     def close(key: str, rel: float, slack: float) -> bool:
         return abs(sim[key] - run[key]) <= max(rel * max(abs(run[key]), abs(sim[key])), slack)
 
@@ -85,17 +98,30 @@ def format_row(row: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def format_versions(row: dict[str, Any]) -> str:
+    """One line per version: live / planner for the version's length and PER_VERSION_KEYS."""
+    keys = ("version_s", *PER_VERSION_KEYS)
+    lines = ["v  " + " ".join(f"{key.rsplit('/', 1)[-1][:14]:>15}" for key in keys)]
+    for v, (run, sim) in enumerate(zip(row["live"]["per_version"], row["planner"]["per_version"],
+                                       strict=False), start=1):
+        lines.append(f"{v:<2} " + " ".join(f"{run[key]:7.1f}/{sim[key]:<7.1f}" for key in keys))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", action="append", default=[],
                         help="configs (default: the seed-shaped sim_*)")
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--versions", action="store_true", help="also print live/planner per version")
     args = parser.parse_args(argv)
     rows = [compare(PROJECT_ROOT / c if not Path(c).is_absolute() else Path(c), timeout_s=args.timeout_s)
             for c in (args.config or DEFAULT_CONFIGS)]
     for row in rows:
         print(format_row(row))
+        if args.versions:
+            print(format_versions(row))
     write_result(args.out, {"rows": rows})
     return 0 if all(all(r["agree"].values()) for r in rows) else 1
 
