@@ -49,7 +49,7 @@ def _story(times_s: list[float], cycles: list[dict[str, float]], activations: in
     def scaled(key: str, cycle: dict[str, float]) -> float:
         return cycle.get(key, float("nan")) / (seconds_per_unit if key.startswith("timing_s/") else 1.0)
 
-    per_version = [{"version_s": t - (times_s[i - 1] if i else 0.0),
+    per_version = [{"version_s": t - times_s[i - 1] if i else float("nan"),
                     **{key: scaled(key, c) for key in PER_VERSION_KEYS}}
                    for i, (t, c) in enumerate(zip(times_s, cycles, strict=True))]
     return {"wall_after_first_version_s": times_s[-1] - times_s[0], "activations": float(activations),
