@@ -33,7 +33,7 @@ from sim.scenario import Scenario
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yaml",
-                   "configs/sim_16_16_dynamic.yaml")
+                   "configs/sim_16_16_dynamic.yaml", "configs/sim_16_16_adaptive.yaml")
 WALL_TOLERANCE, ACTIVATION_TOLERANCE, MQ_TOLERANCE = 0.10, 0.20, 0.20
 
 
