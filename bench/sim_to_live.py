@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -81,10 +82,18 @@ def agreement(sim: dict[str, Any], run: dict[str, Any]) -> dict[str, bool]:
 
 
 def compare(config_path: Path, *, timeout_s: float = 900.0) -> dict[str, Any]:
+    """Both runs of one config, the agreement, the live system's own cost per version (its extra
+    length over the planner's, in wall seconds: Redis round trips, polls, CPU contention) and the
+    machine's 1-minute load average before and after the live run (this machine is shared)."""
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="sim_to_live_") as tmp:
         run = live(config_path, Path(tmp), timeout_s=timeout_s)
+    load_after = os.getloadavg()[0]
     sim = planned(config_path)
-    return {"config": str(config_path), "live": run, "planner": sim, "agree": agreement(sim, run)}
+    extra_s = run["wall_after_first_version_s"] - sim["wall_after_first_version_s"]
+    wall_s_per_version = extra_s * load_config(config_path).run.time_scale / max(1.0, run["versions"] - 1)
+    return {"config": str(config_path), "live": run, "planner": sim, "agree": agreement(sim, run),
+            "live_overhead_wall_s_per_version": wall_s_per_version, "load": [load_before, load_after]}
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -94,6 +103,8 @@ def format_row(row: dict[str, Any]) -> str:
                        ("mean_mq_size", "mean mq")):
         err = sim[key] / run[key] - 1.0 if run[key] else 0.0
         parts.append(f"{label} live {run[key]:8.1f} sim {sim[key]:8.1f} ({err:+.1%})")
+    parts.append(f"live overhead {row['live_overhead_wall_s_per_version']:.2f} wall s/version, "
+                 f"load {row['load'][0]:.1f}-{row['load'][1]:.1f}")
     parts.append("agree" if all(row["agree"].values()) else f"DISAGREE {row['agree']}")
     return " | ".join(parts)
 
