@@ -13,8 +13,10 @@ end to end with `services.launcher.run_job` and through `sim.run.simulate`, and 
 Targets (issue 10): wall within 10%, activations within 20% (or within 1 when both are small),
 mean mq_size within 20% (or within 2 samples when both are small).
 
-Run: ``python -m bench.sim_to_live [--config FILE ...] [--out runs/sim_to_live.json]``
-(the seed-shaped configs/sim_* take a few wall minutes each).
+Run: ``python -m bench.sim_to_live [--config FILE ...] [--time-scale 0.1] [--versions] [--out FILE]``
+(the seed-shaped configs/sim_* take ~2 wall minutes each at their time_scale 0.05, ~4 at 0.1).
+The live system's own cost (Redis round trips, polls, CPU contention) is wall seconds per version,
+so its share of a version falls as time_scale grows; each row reports it (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from bench import write_result
 from services.launcher import run_job
@@ -81,6 +85,17 @@ def agreement(sim: dict[str, Any], run: dict[str, Any]) -> dict[str, bool]:
             "mean_mq_size": close("mean_mq_size", MQ_TOLERANCE, 2.0)}
 
 
+def rescaled(config_path: Path, out_dir: Path, *, time_scale: float, namespace: str = "") -> Path:
+    """A copy of the config in `out_dir` with another run.time_scale (and Redis namespace, if given)."""
+    raw = yaml.safe_load(config_path.read_text())
+    raw.setdefault("run", {})["time_scale"] = time_scale
+    if namespace:
+        raw["run"]["namespace"] = namespace
+    path = out_dir / f"{config_path.stem}_ts{time_scale:g}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 def compare(config_path: Path, *, timeout_s: float = 900.0) -> dict[str, Any]:
     """Both runs of one config, the agreement, the live system's own cost per version (its extra
     length over the planner's, in wall seconds: Redis round trips, polls, CPU contention) and the
@@ -126,9 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--versions", action="store_true", help="also print live/planner per version")
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="run every config at this run.time_scale instead of its own")
     args = parser.parse_args(argv)
-    rows = [compare(PROJECT_ROOT / c if not Path(c).is_absolute() else Path(c), timeout_s=args.timeout_s)
-            for c in (args.config or DEFAULT_CONFIGS)]
+    paths = [PROJECT_ROOT / c for c in (args.config or DEFAULT_CONFIGS)]  # an absolute c stays itself
+    with tempfile.TemporaryDirectory(prefix="sim_to_live_configs_") as tmp:
+        if args.time_scale is not None:
+            paths = [rescaled(path, Path(tmp), time_scale=args.time_scale) for path in paths]
+        rows = [compare(path, timeout_s=args.timeout_s) for path in paths]
     for row in rows:
         print(format_row(row))
         if args.versions:
