@@ -13,17 +13,22 @@ end to end with `services.launcher.run_job` and through `sim.run.simulate`, and 
 Targets (issue 10): wall within 10%, activations within 20% (or within 1 when both are small),
 mean mq_size within 20% (or within 2 samples when both are small).
 
-Run: ``python -m bench.sim_to_live [--config FILE ...] [--out runs/sim_to_live.json]``
-(the seed-shaped configs/sim_* take a few wall minutes each).
+Run: ``python -m bench.sim_to_live [--config FILE ...] [--time-scale 0.1] [--versions] [--out FILE]``
+(the seed-shaped configs/sim_* take ~2 wall minutes each at their time_scale 0.05, ~4 at 0.1).
+The live system's own cost (Redis round trips, polls, CPU contention) is wall seconds per version,
+so its share of a version falls as time_scale grows; each row reports it (docs/simulator.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from bench import write_result
 from services.launcher import run_job
@@ -33,32 +38,45 @@ from sim.scenario import Scenario
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yaml",
-                   "configs/sim_16_16_dynamic.yaml")
+                   "configs/sim_16_16_dynamic.yaml", "configs/sim_16_16_adaptive.yaml")
 WALL_TOLERANCE, ACTIVATION_TOLERANCE, MQ_TOLERANCE = 0.10, 0.20, 0.20
 
 
-def _story(times_s: list[float], mq: list[float], activations: int) -> dict[str, float]:
+PER_VERSION_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/param_sync", "timing_s/deactivate",
+                    "timing_s/wait_for_enough_samples", "dynamic_resource/mq_size",
+                    "fully_async/rollouter/idle_ratio")
+"""Per-version metrics shown side by side (``--versions``): where the two stories part."""
+
+
+def _story(times_s: list[float], cycles: list[dict[str, float]], activations: int,
+           seconds_per_unit: float = 1.0) -> dict[str, Any]:
+    mq = [c["dynamic_resource/mq_size"] for c in cycles]
+    def scaled(key: str, cycle: dict[str, float]) -> float:
+        return cycle.get(key, float("nan")) / (seconds_per_unit if key.startswith("timing_s/") else 1.0)
+
+    per_version = [{"version_s": t - times_s[i - 1] if i else float("nan"),
+                    **{key: scaled(key, c) for key in PER_VERSION_KEYS}}
+                   for i, (t, c) in enumerate(zip(times_s, cycles, strict=True))]
     return {"wall_after_first_version_s": times_s[-1] - times_s[0], "activations": float(activations),
-            "mean_mq_size": sum(mq) / len(mq), "versions": float(len(times_s))}
+            "mean_mq_size": sum(mq) / len(mq), "versions": float(len(times_s)), "per_version": per_version}
 
 
-def planned(config_path: Path) -> dict[str, float]:
+def planned(config_path: Path) -> dict[str, Any]:
     res = simulate(Scenario.from_config(load_config(config_path), source=str(config_path)))
-    return _story([c["time_s"] for c in res.cycles], [c["dynamic_resource/mq_size"] for c in res.cycles],
-                  res.activations)
+    return _story([c["time_s"] for c in res.cycles], res.cycles, res.activations)
 
 
-def live(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, float]:
+def live(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, Any]:
     config = load_config(config_path)
     summary = run_job(config_path, out_dir, fresh=True, progress=False, timeout_s=timeout_s)
     text = (out_dir / "metrics.jsonl").read_text()
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-    times = [line["t"] / config.run.time_scale for line in lines]
-    return _story(times, [line["dynamic_resource/mq_size"] for line in lines],
-                  int(summary["switches"]["activations"] or 0))
+    scale = config.run.time_scale
+    return _story([line["t"] / scale for line in lines], lines, int(summary["switches"]["activations"] or 0),
+                  seconds_per_unit=scale)
 
 
-def agreement(sim: dict[str, float], run: dict[str, float]) -> dict[str, bool]:
+def agreement(sim: dict[str, Any], run: dict[str, Any]) -> dict[str, bool]:
     def close(key: str, rel: float, slack: float) -> bool:
         return abs(sim[key] - run[key]) <= max(rel * max(abs(run[key]), abs(sim[key])), slack)
 
@@ -67,11 +85,30 @@ def agreement(sim: dict[str, float], run: dict[str, float]) -> dict[str, bool]:
             "mean_mq_size": close("mean_mq_size", MQ_TOLERANCE, 2.0)}
 
 
+def rescaled(config_path: Path, out_dir: Path, *, time_scale: float, namespace: str = "") -> Path:
+    """A copy of the config in `out_dir` with another run.time_scale (and Redis namespace, if given)."""
+    raw = yaml.safe_load(config_path.read_text())
+    raw.setdefault("run", {})["time_scale"] = time_scale
+    if namespace:
+        raw["run"]["namespace"] = namespace
+    path = out_dir / f"{config_path.stem}_ts{time_scale:g}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 def compare(config_path: Path, *, timeout_s: float = 900.0) -> dict[str, Any]:
+    """Both runs of one config, the agreement, the live system's own cost per version (its extra
+    length over the planner's, in wall seconds: Redis round trips, polls, CPU contention) and the
+    machine's 1-minute load average before and after the live run (this machine is shared)."""
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="sim_to_live_") as tmp:
         run = live(config_path, Path(tmp), timeout_s=timeout_s)
+    load_after = os.getloadavg()[0]
     sim = planned(config_path)
-    return {"config": str(config_path), "live": run, "planner": sim, "agree": agreement(sim, run)}
+    extra_s = run["wall_after_first_version_s"] - sim["wall_after_first_version_s"]
+    wall_s_per_version = extra_s * load_config(config_path).run.time_scale / max(1.0, run["versions"] - 1)
+    return {"config": str(config_path), "live": run, "planner": sim, "agree": agreement(sim, run),
+            "live_overhead_wall_s_per_version": wall_s_per_version, "load": [load_before, load_after]}
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -81,8 +118,20 @@ def format_row(row: dict[str, Any]) -> str:
                        ("mean_mq_size", "mean mq")):
         err = sim[key] / run[key] - 1.0 if run[key] else 0.0
         parts.append(f"{label} live {run[key]:8.1f} sim {sim[key]:8.1f} ({err:+.1%})")
+    parts.append(f"live overhead {row['live_overhead_wall_s_per_version']:.2f} wall s/version, "
+                 f"load {row['load'][0]:.1f}-{row['load'][1]:.1f}")
     parts.append("agree" if all(row["agree"].values()) else f"DISAGREE {row['agree']}")
     return " | ".join(parts)
+
+
+def format_versions(row: dict[str, Any]) -> str:
+    """One line per version: live / planner for the version's length and PER_VERSION_KEYS."""
+    keys = ("version_s", *PER_VERSION_KEYS)
+    lines = ["v  " + " ".join(f"{key.rsplit('/', 1)[-1][:14]:>15}" for key in keys)]
+    for v, (run, sim) in enumerate(zip(row["live"]["per_version"], row["planner"]["per_version"],
+                                       strict=False), start=1):
+        lines.append(f"{v:<2} " + " ".join(f"{run[key]:7.1f}/{sim[key]:<7.1f}" for key in keys))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,11 +140,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="configs (default: the seed-shaped sim_*)")
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--versions", action="store_true", help="also print live/planner per version")
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="run every config at this run.time_scale instead of its own")
     args = parser.parse_args(argv)
-    rows = [compare(PROJECT_ROOT / c if not Path(c).is_absolute() else Path(c), timeout_s=args.timeout_s)
-            for c in (args.config or DEFAULT_CONFIGS)]
+    paths = [PROJECT_ROOT / c for c in (args.config or DEFAULT_CONFIGS)]  # an absolute c stays itself
+    with tempfile.TemporaryDirectory(prefix="sim_to_live_configs_") as tmp:
+        if args.time_scale is not None:
+            paths = [rescaled(path, Path(tmp), time_scale=args.time_scale) for path in paths]
+        rows = [compare(path, timeout_s=args.timeout_s) for path in paths]
     for row in rows:
         print(format_row(row))
+        if args.versions:
+            print(format_versions(row))
     write_result(args.out, {"rows": rows})
     return 0 if all(all(r["agree"].values()) for r in rows) else 1
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.flow import FlowLimits
 from shared.config import ROLLOUTER_MONITOR_INTERVAL_S, Config, ConfigError, load_config, replace_config
 from sim.physics import decode_timing, trainer_s_per_ktoken
 
@@ -303,3 +304,10 @@ def _costs(config: Config) -> SwitchCosts:
 def load_scenario(path: str | Path) -> Scenario:
     """Load a run config (configs/*.yaml, scenarios/*.yaml) as the simulator's view."""
     return Scenario.from_config(load_config(path), source=str(path))
+
+
+def engine_model(config: Config) -> tuple[ReplicaTiming, WorkloadShape]:
+    """One replica's timing and the run's token lengths, exactly as the planner derives them from
+    ``config``: what the live sim engine (``services/rollout_worker/sim_engine.py``) runs, so a live
+    run and the planner share one timing model."""
+    return _replica(config), _workload(config, FlowLimits.from_config(config).step_required)

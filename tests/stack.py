@@ -79,8 +79,7 @@ class Stack:
             elif name not in without:
                 self.tasks[name] = asyncio.create_task(build().run(self.stop))
         for replica_id in (r for r in config.standalone_ids + config.hybrid_ids if r not in without):
-            engine = SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,
-                               prompt_length=config.data.prompt_length, seed=config.run.seed)
+            engine = SimEngine(config=config, hybrid=replica_id in config.hybrid_ids)
             await engine.start()
             initial = ReplicaState.SLEEPING if replica_id in config.hybrid_ids else ReplicaState.SERVING
             worker = RolloutWorker(bus=self.bus(), replica_id=replica_id, engine=engine,

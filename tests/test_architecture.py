@@ -51,6 +51,16 @@ def test_service_packages_never_import_each_other():
     assert not offenders
 
 
+def test_among_service_processes_only_the_sim_engine_imports_the_simulator():
+    # The sim engine is the planner's replica model on a wall clock (one timing model, not two copies);
+    # nothing else in a service process may lean on the simulator.
+    allowed = ROOT / "services" / "rollout_worker" / "sim_engine.py"
+    offenders = [f"{path.relative_to(ROOT)} imports {name}" for service in SERVICE_PACKAGES
+                 for path in (ROOT / "services" / service).rglob("*.py")
+                 if path != allowed for name in imports(path) if name.split(".")[0] == "sim"]
+    assert not offenders
+
+
 def test_no_redis_key_literal_outside_the_names_module():
     pattern = re.compile(r"""["']dynsched:""")
     offenders = [str(path.relative_to(ROOT)) for package in ("services", "shared", "core", "policies")

@@ -107,8 +107,11 @@ async def test_a_sync_with_enough_samples_queued_skips_activation_and_the_hybrid
 
 
 async def test_aborted_requests_finish_on_standalones_with_min_and_max_versions_recorded(redis_server):
-    stack = await run_stack(redis_server.url, data={"max_response_length": 2048},
-                            rollout={"sim": {"response_length": {"mean": 1200, "std": 300}}})
+    # Responses long enough, and versions enough, that requests are still decoding when the standalones
+    # sync (the sim engine decodes at the modelled rate since it runs the planner's replica; the old
+    # one lost progress, so 1200 tokens over 8 versions were enough).
+    stack = await run_stack(redis_server.url, data={"max_response_length": 4096, "total_rollout_steps": 128},
+                            rollout={"sim": {"response_length": {"mean": 2400, "std": 600}}})
     trajectories = [t for s in await stack.samples() for t in s.trajectories]
     moved = [t for t in trajectories if t.replica_ids[0].startswith("hybrid")
              and t.replica_ids[-1].startswith("standalone")]

@@ -37,8 +37,7 @@ def build_engine(config: Config, replica_id: str) -> Engine:
             weight_transfer="" if (t := config.weight_transport(replica_id)) == "filesystem" else t))
     from services.rollout_worker.sim_engine import SimEngine
 
-    return SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,
-                     prompt_length=config.data.prompt_length, seed=config.run.seed)
+    return SimEngine(config=config, hybrid=replica_id in config.hybrid_ids)
 
 
 def main(argv: list[str] | None = None) -> None:

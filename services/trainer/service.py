@@ -213,6 +213,7 @@ class Trainer:
         while len(batch) < required:
             if stop.is_set():
                 raise StopRequested
+            decoded = []
             for entry in await mq.read(count=required - len(batch), block_ms=200):
                 try:
                     message = decode(entry.fields)
@@ -221,10 +222,13 @@ class Trainer:
                     continue
                 if not isinstance(message, Sample):
                     await mq.dead_letter(entry, reason=f"not a sample: {type(message).__name__}")
-                elif reason := await screen(self.bus.redis, self.bus.names, message.sample_id, taken):
+                else:
+                    decoded.append((entry, message))
+            reasons = await screen(self.bus.redis, self.bus.names, [m.sample_id for _, m in decoded], taken)
+            for (entry, message), reason in zip(decoded, reasons, strict=True):
+                if reason:
                     await mq.dead_letter(entry, reason=reason)
                 else:
-                    taken.add(message.sample_id)
                     batch.append((entry.entry_id, message))
         return batch
 
