@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rl.task import Problem, make_problems
+from rl.threads import build_threads
 from rl.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, CharTokenizer, save_hf_tokenizer
 
 log = logging.getLogger(__name__)
@@ -316,35 +317,6 @@ def load_pretrained(model_dir: str | Path) -> TinyLlama:
     model = TinyLlama(cfg)
     model.load_state_dict(load_file(str(src / WEIGHTS_FILE)))
     return model
-
-
-def busy_cores(sample_s: float = 1.0) -> float:
-    """Cores other processes keep busy now, from /proc/stat over `sample_s` (the load average lags
-    by a minute: right after `make install` it still counts the install); the load average where
-    /proc/stat is missing."""
-    def snapshot() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields)  # idle + iowait, total (jiffies, all cores)
-
-    try:
-        idle0, total0 = snapshot()
-        time.sleep(sample_s)
-        idle1, total1 = snapshot()
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0]
-    cores = os.cpu_count() or 1
-    return cores * (1 - (idle1 - idle0) / max(1, total1 - total0))
-
-
-def build_threads() -> int:
-    """torch threads for the warm-up: the cores nobody else is using, at least one. On 2 cores with a
-    load average of 11, 2 threads took 8.7 s a step and 1 thread 1.9 s (spinning threads fight the
-    other processes); on an idle machine every core helps."""
-    cores = os.cpu_count() or 1
-    busy = busy_cores()
-    threads = max(1, min(cores, round(cores - busy)))
-    log.info("warm-up on %d torch thread(s) (%d cores, %.1f busy)", threads, cores, busy)
-    return threads
 
 
 def cache_dir(model_cfg: ModelConfig, wcfg: WarmupConfig) -> Path:
