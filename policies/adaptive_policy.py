@@ -49,6 +49,12 @@ REBALANCE_RETRY_EVERY = 8
 """After the trials, every this-many activations re-measure the other choice (workloads drift)."""
 REBALANCE_MEMORY = 10
 """Windows a choice's mean fill rate remembers."""
+BIAS_EWMA = 0.3
+"""Weight of the newest cycle in the moving averages of the model's measured error (idle measured minus
+idle predicted), one for cycles it stayed asleep, one for cycles it activated."""
+RETRY_EVERY = 16
+"""When only the measured error keeps the hybrids asleep, activate once per this many cycles anyway, so
+an error measured in other conditions (the workload drifts) is measured again."""
 
 
 def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float) -> float:
@@ -83,6 +89,16 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.pending_rebalance_choice = ""
         """The choice made at the last activation, credited when its window's rate is known."""
         self.rebalance_decisions = 0
+        self.predicted_idle_s = -1.0
+        """The idle the last decision predicted for its cycle (-1: none, e.g. nothing measured yet)."""
+        self.predicted_activate = False
+        self.cycle_activate_s = 0.0
+        """The measured activation of the cycle in progress (known at its sync's update_after_step)."""
+        self.idle_bias_s = {"stay": 0.0, "activate": 0.0}
+        """Per decision kind: moving average of (measured - predicted) trainer idle over its cycles."""
+        self.idle_bias_cycles = {"stay": 0, "activate": 0}
+        self.stays_by_bias = 0
+        """Consecutive cycles kept asleep only by the measured error (the uncorrected model said activate)."""
         self.last_decision: dict[str, Any] = {}
 
     def should_deactivate(
@@ -104,7 +120,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
         self._credit_rebalance_choice(ctx)
+        self._credit_prediction(ctx)
         surplus = _queued(ctx)
+        self.predicted_idle_s = -1.0
         if self.only_hybrid:
             self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
             return True
@@ -128,10 +146,25 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                    train_s=ctx.trainer_s_per_micro_step)
         wait, dynamic_idle = self._best_wait(ctx)
         min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
-        activate = static_idle - dynamic_idle > min_gain_s
+        # The model corrected by its own measured error: a switch that measured worse than predicted
+        # (or static cycles that idled more than predicted) moves the comparison by that much.
+        bias = self.idle_bias_s
+        corrected_gain = (static_idle + bias["stay"]) - (dynamic_idle + bias["activate"])
+        activate = corrected_gain > min_gain_s
+        why = "corrected gain vs min gain"
+        if not activate and static_idle - dynamic_idle > min_gain_s:
+            self.stays_by_bias += 1
+            if self.stays_by_bias >= RETRY_EVERY:
+                activate, why = True, f"re-measuring: {RETRY_EVERY} cycles kept asleep by the measured error"
+        if activate:
+            self.stays_by_bias = 0
+        self.predicted_activate = activate
+        self.predicted_idle_s = dynamic_idle if activate else static_idle
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
-            "decision": "activate" if activate else "stay", "queued": surplus,
+            "decision": "activate" if activate else "stay", "queued": surplus, "why": why,
+            "idle_bias_s": {k: round(v, 3) for k, v in self.idle_bias_s.items()},
+            "corrected_gain_s": round(corrected_gain, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
@@ -179,11 +212,27 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # seconds, whatever the run's time scale) would gate the next activations.
         if self.only_hybrid:
             return
+        self.cycle_activate_s = ctx.last_activate_duration_s
         if ctx.last_activate_duration_s > 0:
             self.activate_cost_s = _ewma(self.activate_cost_s, ctx.last_activate_duration_s)
         deactivate_s = ctx.last_deactivate_duration_s + ctx.last_switch_overhead_s
         if deactivate_s > 0:
             self.deactivate_cost_s = _ewma(self.deactivate_cost_s, deactivate_s)
+
+    def _credit_prediction(self, ctx: DynamicScheduleContext) -> None:
+        """Measure the last decision against its cycle: the trainer's idle (activation, the wait with
+        the hybrids lent, deactivation, offload/onload, the collections' waits) minus the prediction."""
+        if self.predicted_idle_s < 0:
+            return
+        measured = (self.cycle_activate_s + ctx.last_deactivate_wait_s + ctx.last_deactivate_duration_s
+                    + ctx.last_switch_overhead_s + sum(ctx.step_wait_times))
+        kind = "activate" if self.predicted_activate else "stay"
+        error = measured - self.predicted_idle_s
+        self.idle_bias_cycles[kind] += 1
+        first = self.idle_bias_cycles[kind] == 1
+        self.idle_bias_s[kind] = error if first else self.idle_bias_s[kind] + BIAS_EWMA * (
+            error - self.idle_bias_s[kind])
+        self.predicted_idle_s = -1.0
 
     # ---- the model (pure helpers) ----
 
