@@ -23,6 +23,13 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
 - Activate iff static_idle - min_X dynamic_idle(X) > MIN_GAIN_FRACTION x the cycle's training time,
   and deactivate at that X.
 
+The model checks itself: at each sync the trainer idle the last cycle measured (activation, the wait with
+the hybrids lent, deactivation, offload/onload, collection waits) is compared with what the decision
+predicted, and the moving average of the error (one per decision kind: stay, activate) corrects the next
+comparisons; a model whose switches measured worse than predicted falls back to static behaviour, and
+re-measures one switch every RETRY_EVERY cycles kept asleep only by that correction. It never activates
+when the queue already holds the planned X (no window to fill).
+
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
 activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
@@ -150,8 +157,10 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # (or static cycles that idled more than predicted) moves the comparison by that much.
         bias = self.idle_bias_s
         corrected_gain = (static_idle + bias["stay"]) - (dynamic_idle + bias["activate"])
-        activate = corrected_gain > min_gain_s
-        why = "corrected gain vs min gain"
+        # No window (the queue already holds X): a switch then only raises the samples in flight for a
+        # moment (they finish on the standalones), which the rollouter's concurrency limit is for.
+        activate = corrected_gain > min_gain_s and wait > surplus
+        why = "corrected gain vs min gain, and a window to fill (X > queued)"
         if not activate and static_idle - dynamic_idle > min_gain_s:
             self.stays_by_bias += 1
             if self.stays_by_bias >= RETRY_EVERY:

@@ -274,3 +274,11 @@ def test_kept_asleep_only_by_the_measured_error_it_activates_once_in_a_while_to_
         policy.predicted_idle_s = -1.0  # no cycle measured in between: the bias stays
     assert decisions.count(True) == 2
     assert decisions.index(True) == 15
+
+
+def test_a_queue_that_already_holds_the_planned_wait_never_activates_whatever_the_measured_error():
+    policy = make_adaptive()
+    policy.idle_bias_s["stay"] = 1000.0  # static cycles measured far worse than predicted
+    ctx = production_bound(surplus=40)
+    assert policy.should_activate_after_step(8, False, ctx) is False
+    assert policy.last_decision["wait_for_samples"] <= 40
