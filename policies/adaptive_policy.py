@@ -85,10 +85,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
         super().__init__(deactivate_ratio, only_hybrid)
-        self.activate_cost_s = 0.0
-        """Moving average of measured activation durations (0: none measured yet)."""
-        self.deactivate_cost_s = 0.0
-        """Moving average of measured deactivation durations plus the trainer's offload/onload."""
+        self.activate_cost_s = -1.0
+        """Moving average of measured activation durations (-1: none measured yet; 0 is a measurement)."""
+        self.deactivate_cost_s = -1.0
+        """Moving average of measured deactivation durations plus the trainer's offload/onload (-1: none)."""
+        self.switched = {"activate": False, "deactivate": False}
+        """Which switches happened since the last sync (a free switch measures 0 s, not "unmeasured")."""
         self.planned_wait_samples = 0
         """The X chosen when activating; the next deactivation waits for it."""
         self.rebalance_rates: dict[str, list[float]] = {"rebalance": [0.0, 0.0], "skip": [0.0, 0.0]}
@@ -119,6 +121,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         else:
             wait = self.planned_wait_samples or self._best_wait(ctx)[0]
         self.planned_wait_samples = 0
+        self.switched["deactivate"] = True
         self.last_decision = {"decision": "deactivate", "wait_for_samples": wait,
                               "carry_over_limit": ctx.carry_over_limit_samples}
         return wait
@@ -126,6 +129,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
+        activate = self._decide(ctx)
+        self.switched["activate"] = activate
+        return activate
+
+    def _decide(self, ctx: DynamicScheduleContext) -> bool:
         self._credit_rebalance_choice(ctx)
         self._credit_prediction(ctx)
         surplus = _queued(ctx)
@@ -222,11 +230,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if self.only_hybrid:
             return
         self.cycle_activate_s = ctx.last_activate_duration_s
-        if ctx.last_activate_duration_s > 0:
+        if self.switched["activate"] or ctx.last_activate_duration_s > 0:
             self.activate_cost_s = _ewma(self.activate_cost_s, ctx.last_activate_duration_s)
         deactivate_s = ctx.last_deactivate_duration_s + ctx.last_switch_overhead_s
-        if deactivate_s > 0:
+        if self.switched["deactivate"] or deactivate_s > 0:
             self.deactivate_cost_s = _ewma(self.deactivate_cost_s, deactivate_s)
+        self.switched = {"activate": False, "deactivate": False}
 
     def _credit_prediction(self, ctx: DynamicScheduleContext) -> None:
         """Measure the last decision against its cycle: the trainer's idle (activation, the wait with
@@ -249,7 +258,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Measured activation + deactivation (+ trainer offload/onload); a part not measured yet counts
         as one micro-step of training (a prior in the run's own time units)."""
         prior_s = ctx.trainer_s_per_micro_step
-        return (self.activate_cost_s or prior_s) + (self.deactivate_cost_s or prior_s)
+        return ((self.activate_cost_s if self.activate_cost_s >= 0 else prior_s)
+                + (self.deactivate_cost_s if self.deactivate_cost_s >= 0 else prior_s))
 
     def _rates(self, ctx: DynamicScheduleContext) -> tuple[float, float]:
         """(P_s, P_h) in samples/s from the per-replica rate pooled over whole cycles (hybrid work left
@@ -292,7 +302,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info["measured_switch_cost_s"] = self.activate_cost_s + self.deactivate_cost_s
+        info["measured_switch_cost_s"] = max(0.0, self.activate_cost_s) + max(0.0, self.deactivate_cost_s)
         return info
 
 
@@ -302,4 +312,4 @@ def _queued(ctx: DynamicScheduleContext) -> int:
 
 
 def _ewma(average: float, value: float) -> float:
-    return value if average <= 0 else average + SWITCH_COST_EWMA * (value - average)
+    return value if average < 0 else average + SWITCH_COST_EWMA * (value - average)

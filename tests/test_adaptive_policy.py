@@ -115,7 +115,7 @@ def test_an_expensive_measured_switch_keeps_the_hybrids_asleep():
 def test_a_switch_part_not_measured_yet_counts_as_one_micro_step_of_training():
     policy = make_adaptive()
     ctx = make_ctx(trainer_s_per_micro_step=6.0)
-    assert policy.switch_cost_s(ctx) == 12.0
+    assert policy.switch_cost_s(ctx) == 12.0  # nothing measured: one micro-step each
     ctx.last_activate_duration_s = 2.0
     policy.update_after_step(4, ctx)
     assert policy.switch_cost_s(ctx) == 2.0 + 6.0
@@ -282,3 +282,13 @@ def test_a_queue_that_already_holds_the_planned_wait_never_activates_whatever_th
     ctx = production_bound(surplus=40)
     assert policy.should_activate_after_step(8, False, ctx) is False
     assert policy.last_decision["wait_for_samples"] <= 40
+
+
+def test_a_free_switch_is_a_measurement_of_zero_not_an_unmeasured_one():
+    policy = make_adaptive()
+    ctx = production_bound()
+    assert policy.should_activate_after_step(8, False, ctx) is True
+    policy.update_after_step(8, ctx)  # the activation measured 0 s
+    policy.deactivate_wait_samples(ctx)
+    policy.update_after_step(12, ctx)  # so did the deactivation
+    assert policy.switch_cost_s(ctx) == 0.0
