@@ -300,6 +300,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             queued=queued, rate=standalone_rate, required=ctx.required_samples,
             micro_steps=ctx.trigger_parameter_sync_step, train_s=ctx.trainer_s_per_micro_step)
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "switched" not in state:  # saved before a switch measured at 0 s counted: 0 meant "unmeasured"
+            self.activate_cost_s = self.activate_cost_s or -1.0
+            self.deactivate_cost_s = self.deactivate_cost_s or -1.0
+
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["measured_switch_cost_s"] = max(0.0, self.activate_cost_s) + max(0.0, self.deactivate_cost_s)

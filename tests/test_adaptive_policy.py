@@ -292,3 +292,11 @@ def test_a_free_switch_is_a_measurement_of_zero_not_an_unmeasured_one():
     policy.deactivate_wait_samples(ctx)
     policy.update_after_step(12, ctx)  # so did the deactivation
     assert policy.switch_cost_s(ctx) == 0.0
+
+
+def test_a_state_saved_before_zero_costs_counted_restores_its_zeros_as_unmeasured():
+    old_state = {k: v for k, v in make_adaptive().state_dict().items() if k != "switched"}
+    old_state["activate_cost_s"], old_state["deactivate_cost_s"] = 0.0, 3.0
+    policy = make_adaptive()
+    policy.load_state_dict(old_state)
+    assert (policy.activate_cost_s, policy.deactivate_cost_s) == (-1.0, 3.0)
