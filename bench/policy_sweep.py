@@ -11,7 +11,8 @@ wake (`fast`). It prints, per scenario and (policy, mechanics):
 - `worst vs static same split`: the largest slowdown against `static` on the same split, over every
   split (the robustness check: a recommended policy should never be more than 1% slower).
 
-Run: ``python -m bench.policy_sweep [--config FILE ...] [--prompts N] [--workers K] [--out FILE]``.
+Run: ``python -m bench.policy_sweep [--config FILE ...] [--policy P ...] [--prompts N] [--workers K]
+[--out FILE]``.
 """
 
 from __future__ import annotations
@@ -62,12 +63,13 @@ def _run(job: tuple[str, int, int, str, str, int]) -> SweepRow:
                     mechanics=mechanics, wall_h=result.wall_s / 3600.0, activations=result.activations)
 
 
-def jobs_for(path: str, scenario: Scenario, *, prompts: int) -> list[tuple[str, int, int, str, str, int]]:
+def jobs_for(path: str, scenario: Scenario, *, prompts: int,
+             policies: list[str] | None = None) -> list[tuple[str, int, int, str, str, int]]:
     jobs = []
     for train, rollout in splits(scenario):
         if rollout > 0:
             jobs.append((path, train, rollout, "static", "seed", prompts))
-        for policy in registered_policies():
+        for policy in policies or registered_policies():
             for mechanics in MECHANICS:
                 jobs.append((path, train, rollout, policy, mechanics, prompts))
     return jobs
@@ -111,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=None,
                         help="scenario/run config (repeatable); default: every scenarios/*.yaml")
     parser.add_argument("--prompts", type=int, default=0, help="override total_rollout_steps (quick looks)")
+    parser.add_argument("--policy", action="append", default=None,
+                        help="policy to sweep (repeatable); default: every registered one")
     parser.add_argument("--workers", type=int, default=None, help="parallel simulations (default: CPUs)")
     parser.add_argument("--out", type=Path, default=None, help="write rows and summary as JSON here")
     args = parser.parse_args(argv)
     paths = args.config or sorted(str(p) for p in (PROJECT_ROOT / "scenarios").glob("*.yaml"))
-    jobs = [job for path in paths for job in jobs_for(path, load_scenario(path), prompts=args.prompts)]
+    jobs = [job for path in paths for job in jobs_for(path, load_scenario(path), prompts=args.prompts,
+                                                 policies=args.policy)]
     workers = args.workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         rows = [_run(job) for job in jobs]

@@ -170,10 +170,12 @@ class ControllerCore:
         ]
         return list(self._in_flight)
 
-    def finish_deactivate(self, duration_s: float) -> None:
-        """The deactivation commands ran; `duration_s` (remove+abort+sleep, no wait) is added to ctx."""
+    def finish_deactivate(self, duration_s: float, *, wait_s: float = 0.0) -> None:
+        """The deactivation commands ran; `duration_s` (remove+abort+sleep, no wait) and `wait_s` (the
+        WaitForSamples before them) are added to ctx."""
         self._require(self.mode is Mode.DEACTIVATING, f"finish_deactivate in {self.mode}")
         self.ctx.last_deactivate_duration_s += _non_negative(duration_s, "duration_s")
+        self.ctx.last_deactivate_wait_s += _non_negative(wait_s, "wait_s")
         self.mode = check_transition(self.mode, Mode.STANDALONE_ONLY)
         self.deactivations += 1
         self._in_flight = []
@@ -253,6 +255,7 @@ class ControllerCore:
         self.policy.update_after_step(global_steps, self.ctx)
         self.ctx.last_activate_duration_s = 0.0
         self.ctx.last_deactivate_duration_s = 0.0
+        self.ctx.last_deactivate_wait_s = 0.0
         self.ctx.last_switch_overhead_s = 0.0
         self.ctx.step_wait_times.clear()
         self.ctx.step_wait_samples.clear()

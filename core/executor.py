@@ -147,7 +147,7 @@ class ExecutorCore:
         report = yield from self.execute(commands)
         self._ready_at = None
         if core.mode is Mode.DEACTIVATING:
-            core.finish_deactivate(report.switch_s)
+            core.finish_deactivate(report.switch_s, wait_s=report.wait_for_enough_samples_s)
             self.serving_hybrids = ()
             yield Audit(event=AuditRecord(kind=AuditKind.SWITCH, activated=False, duration_s=report.switch_s,
                                           version=event.version, detail="deactivated"))

@@ -23,6 +23,13 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
 - Activate iff static_idle - min_X dynamic_idle(X) > MIN_GAIN_FRACTION x the cycle's training time,
   and deactivate at that X.
 
+The model checks itself: at each sync the trainer idle the last cycle measured (activation, the wait with
+the hybrids lent, deactivation, offload/onload, collection waits) is compared with what the decision
+predicted, and the moving average of the error (one per decision kind: stay, activate) corrects the next
+comparisons; a model whose switches measured worse than predicted falls back to static behaviour, and
+re-measures one switch every RETRY_EVERY cycles kept asleep only by that correction. It never activates
+when the queue already holds the planned X (no window to fill).
+
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
 activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
@@ -49,6 +56,12 @@ REBALANCE_RETRY_EVERY = 8
 """After the trials, every this-many activations re-measure the other choice (workloads drift)."""
 REBALANCE_MEMORY = 10
 """Windows a choice's mean fill rate remembers."""
+BIAS_EWMA = 0.3
+"""Weight of the newest cycle in the moving averages of the model's measured error (idle measured minus
+idle predicted), one for cycles it stayed asleep, one for cycles it activated."""
+RETRY_EVERY = 16
+"""When only the measured error keeps the hybrids asleep, activate once per this many cycles anyway, so
+an error measured in other conditions (the workload drifts) is measured again."""
 
 
 def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float) -> float:
@@ -72,10 +85,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
         super().__init__(deactivate_ratio, only_hybrid)
-        self.activate_cost_s = 0.0
-        """Moving average of measured activation durations (0: none measured yet)."""
-        self.deactivate_cost_s = 0.0
-        """Moving average of measured deactivation durations plus the trainer's offload/onload."""
+        self.activate_cost_s = -1.0
+        """Moving average of measured activation durations (-1: none measured yet; 0 is a measurement)."""
+        self.deactivate_cost_s = -1.0
+        """Moving average of measured deactivation durations plus the trainer's offload/onload (-1: none)."""
+        self.switched = {"activate": False, "deactivate": False}
+        """Which switches happened since the last sync (a free switch measures 0 s, not "unmeasured")."""
         self.planned_wait_samples = 0
         """The X chosen when activating; the next deactivation waits for it."""
         self.rebalance_rates: dict[str, list[float]] = {"rebalance": [0.0, 0.0], "skip": [0.0, 0.0]}
@@ -83,6 +98,16 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.pending_rebalance_choice = ""
         """The choice made at the last activation, credited when its window's rate is known."""
         self.rebalance_decisions = 0
+        self.predicted_idle_s = -1.0
+        """The idle the last decision predicted for its cycle (-1: none, e.g. nothing measured yet)."""
+        self.predicted_activate = False
+        self.cycle_activate_s = 0.0
+        """The measured activation of the cycle in progress (known at its sync's update_after_step)."""
+        self.idle_bias_s = {"stay": 0.0, "activate": 0.0}
+        """Per decision kind: moving average of (measured - predicted) trainer idle over its cycles."""
+        self.idle_bias_cycles = {"stay": 0, "activate": 0}
+        self.stays_by_bias = 0
+        """Consecutive cycles kept asleep only by the measured error (the uncorrected model said activate)."""
         self.last_decision: dict[str, Any] = {}
 
     def should_deactivate(
@@ -96,6 +121,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         else:
             wait = self.planned_wait_samples or self._best_wait(ctx)[0]
         self.planned_wait_samples = 0
+        self.switched["deactivate"] = True
         self.last_decision = {"decision": "deactivate", "wait_for_samples": wait,
                               "carry_over_limit": ctx.carry_over_limit_samples}
         return wait
@@ -103,8 +129,15 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
+        activate = self._decide(ctx)
+        self.switched["activate"] = activate
+        return activate
+
+    def _decide(self, ctx: DynamicScheduleContext) -> bool:
         self._credit_rebalance_choice(ctx)
+        self._credit_prediction(ctx)
         surplus = _queued(ctx)
+        self.predicted_idle_s = -1.0
         if self.only_hybrid:
             self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
             return True
@@ -128,10 +161,27 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                    train_s=ctx.trainer_s_per_micro_step)
         wait, dynamic_idle = self._best_wait(ctx)
         min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
-        activate = static_idle - dynamic_idle > min_gain_s
+        # The model corrected by its own measured error: a switch that measured worse than predicted
+        # (or static cycles that idled more than predicted) moves the comparison by that much.
+        bias = self.idle_bias_s
+        corrected_gain = (static_idle + bias["stay"]) - (dynamic_idle + bias["activate"])
+        # No window (the queue already holds X): a switch then only raises the samples in flight for a
+        # moment (they finish on the standalones), which the rollouter's concurrency limit is for.
+        activate = corrected_gain > min_gain_s and wait > surplus
+        why = "corrected gain vs min gain, and a window to fill (X > queued)"
+        if not activate and static_idle - dynamic_idle > min_gain_s:
+            self.stays_by_bias += 1
+            if self.stays_by_bias >= RETRY_EVERY:
+                activate, why = True, f"re-measuring: {RETRY_EVERY} cycles kept asleep by the measured error"
+        if activate:
+            self.stays_by_bias = 0
+        self.predicted_activate = activate
+        self.predicted_idle_s = dynamic_idle if activate else static_idle
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
-            "decision": "activate" if activate else "stay", "queued": surplus,
+            "decision": "activate" if activate else "stay", "queued": surplus, "why": why,
+            "idle_bias_s": {k: round(v, 3) for k, v in self.idle_bias_s.items()},
+            "corrected_gain_s": round(corrected_gain, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
@@ -179,11 +229,28 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # seconds, whatever the run's time scale) would gate the next activations.
         if self.only_hybrid:
             return
-        if ctx.last_activate_duration_s > 0:
+        self.cycle_activate_s = ctx.last_activate_duration_s
+        if self.switched["activate"] or ctx.last_activate_duration_s > 0:
             self.activate_cost_s = _ewma(self.activate_cost_s, ctx.last_activate_duration_s)
         deactivate_s = ctx.last_deactivate_duration_s + ctx.last_switch_overhead_s
-        if deactivate_s > 0:
+        if self.switched["deactivate"] or deactivate_s > 0:
             self.deactivate_cost_s = _ewma(self.deactivate_cost_s, deactivate_s)
+        self.switched = {"activate": False, "deactivate": False}
+
+    def _credit_prediction(self, ctx: DynamicScheduleContext) -> None:
+        """Measure the last decision against its cycle: the trainer's idle (activation, the wait with
+        the hybrids lent, deactivation, offload/onload, the collections' waits) minus the prediction."""
+        if self.predicted_idle_s < 0:
+            return
+        measured = (self.cycle_activate_s + ctx.last_deactivate_wait_s + ctx.last_deactivate_duration_s
+                    + ctx.last_switch_overhead_s + sum(ctx.step_wait_times))
+        kind = "activate" if self.predicted_activate else "stay"
+        error = measured - self.predicted_idle_s
+        self.idle_bias_cycles[kind] += 1
+        first = self.idle_bias_cycles[kind] == 1
+        self.idle_bias_s[kind] = error if first else self.idle_bias_s[kind] + BIAS_EWMA * (
+            error - self.idle_bias_s[kind])
+        self.predicted_idle_s = -1.0
 
     # ---- the model (pure helpers) ----
 
@@ -191,7 +258,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Measured activation + deactivation (+ trainer offload/onload); a part not measured yet counts
         as one micro-step of training (a prior in the run's own time units)."""
         prior_s = ctx.trainer_s_per_micro_step
-        return (self.activate_cost_s or prior_s) + (self.deactivate_cost_s or prior_s)
+        return ((self.activate_cost_s if self.activate_cost_s >= 0 else prior_s)
+                + (self.deactivate_cost_s if self.deactivate_cost_s >= 0 else prior_s))
 
     def _rates(self, ctx: DynamicScheduleContext) -> tuple[float, float]:
         """(P_s, P_h) in samples/s from the per-replica rate pooled over whole cycles (hybrid work left
@@ -232,9 +300,15 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             queued=queued, rate=standalone_rate, required=ctx.required_samples,
             micro_steps=ctx.trigger_parameter_sync_step, train_s=ctx.trainer_s_per_micro_step)
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "switched" not in state:  # saved before a switch measured at 0 s counted: 0 meant "unmeasured"
+            self.activate_cost_s = self.activate_cost_s or -1.0
+            self.deactivate_cost_s = self.deactivate_cost_s or -1.0
+
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info["measured_switch_cost_s"] = self.activate_cost_s + self.deactivate_cost_s
+        info["measured_switch_cost_s"] = max(0.0, self.activate_cost_s) + max(0.0, self.deactivate_cost_s)
         return info
 
 
@@ -244,4 +318,4 @@ def _queued(ctx: DynamicScheduleContext) -> int:
 
 
 def _ewma(average: float, value: float) -> float:
-    return value if average <= 0 else average + SWITCH_COST_EWMA * (value - average)
+    return value if average < 0 else average + SWITCH_COST_EWMA * (value - average)

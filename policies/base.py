@@ -72,6 +72,9 @@ class DynamicScheduleContext:
     """Seconds spent activating this cycle: hybrid weight sync + add + resume + rebalance."""
     last_deactivate_duration_s: float = 0.0
     """Seconds spent deactivating this cycle: remove + abort + sleep (the sample wait excluded)."""
+    last_deactivate_wait_s: float = 0.0
+    """Seconds the trainer waited for `deactivate_wait_samples` before this cycle's deactivation (the
+    hybrid window; 0 without one). Cleared with the durations above."""
     staleness_threshold: float = 0.0
     """async_training.staleness_threshold (static); used for buffer_samples."""
     num_hybrid_replicas: int = 0

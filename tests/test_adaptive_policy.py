@@ -115,7 +115,7 @@ def test_an_expensive_measured_switch_keeps_the_hybrids_asleep():
 def test_a_switch_part_not_measured_yet_counts_as_one_micro_step_of_training():
     policy = make_adaptive()
     ctx = make_ctx(trainer_s_per_micro_step=6.0)
-    assert policy.switch_cost_s(ctx) == 12.0
+    assert policy.switch_cost_s(ctx) == 12.0  # nothing measured: one micro-step each
     ctx.last_activate_duration_s = 2.0
     policy.update_after_step(4, ctx)
     assert policy.switch_cost_s(ctx) == 2.0 + 6.0
@@ -230,3 +230,73 @@ def test_once_every_prompt_was_fed_the_hybrids_stay_asleep():
     policy = make_adaptive()
     assert policy.should_activate_after_step(8, False, ctx) is False
     assert "feed done" in policy.last_decision["why"]
+
+
+# ---- the model checked against what its cycles measured ----
+
+
+def _activate_and_sync(policy: AdaptiveDynamicSchedulePolicy) -> None:
+    """Activate on a production-bound context; the activation measures 2 s; the hybrids deactivate."""
+    ctx = production_bound()
+    assert policy.should_activate_after_step(8, False, ctx) is True
+    ctx.last_activate_duration_s = 2.0
+    policy.update_after_step(8, ctx)
+    policy.deactivate_wait_samples(ctx)
+
+
+def test_a_switch_that_measured_far_worse_than_predicted_keeps_the_next_cycle_asleep():
+    policy = make_adaptive()
+    _activate_and_sync(policy)
+    ctx = production_bound()
+    ctx.last_deactivate_wait_s, ctx.last_deactivate_duration_s = 60.0, 3.0
+    assert policy.should_activate_after_step(12, False, ctx) is False
+    decision = policy.last_decision
+    assert decision["idle_bias_s"]["activate"] > 40.0  # 65 s measured, ~17 s predicted
+    assert decision["static_idle_s"] - decision["dynamic_idle_s"] > decision["min_gain_s"]  # uncorrected: go
+
+
+def test_a_switch_that_measured_as_predicted_changes_nothing():
+    policy = make_adaptive()
+    _activate_and_sync(policy)
+    predicted = policy.predicted_idle_s
+    ctx = production_bound()
+    ctx.last_deactivate_wait_s = predicted - 2.0  # the activation's 2 s measured at the sync before
+    assert policy.should_activate_after_step(12, False, ctx) is True
+    assert policy.last_decision["idle_bias_s"]["activate"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_kept_asleep_only_by_the_measured_error_it_activates_once_in_a_while_to_measure_again():
+    policy = make_adaptive()
+    policy.idle_bias_s["activate"] = 1000.0
+    decisions = []
+    for step in range(1, 40):
+        decisions.append(policy.should_activate_after_step(4 * step, False, production_bound()))
+        policy.predicted_idle_s = -1.0  # no cycle measured in between: the bias stays
+    assert decisions.count(True) == 2
+    assert decisions.index(True) == 15
+
+
+def test_a_queue_that_already_holds_the_planned_wait_never_activates_whatever_the_measured_error():
+    policy = make_adaptive()
+    policy.idle_bias_s["stay"] = 1000.0  # static cycles measured far worse than predicted
+    ctx = production_bound(surplus=40)
+    assert policy.should_activate_after_step(8, False, ctx) is False
+    assert policy.last_decision["wait_for_samples"] <= 40
+
+
+def test_a_free_switch_is_a_measurement_of_zero_not_an_unmeasured_one():
+    policy = make_adaptive()
+    ctx = production_bound()
+    assert policy.should_activate_after_step(8, False, ctx) is True
+    policy.update_after_step(8, ctx)  # the activation measured 0 s
+    policy.deactivate_wait_samples(ctx)
+    policy.update_after_step(12, ctx)  # so did the deactivation
+    assert policy.switch_cost_s(ctx) == 0.0
+
+
+def test_a_state_saved_before_zero_costs_counted_restores_its_zeros_as_unmeasured():
+    old_state = {k: v for k, v in make_adaptive().state_dict().items() if k != "switched"}
+    old_state["activate_cost_s"], old_state["deactivate_cost_s"] = 0.0, 3.0
+    policy = make_adaptive()
+    policy.load_state_dict(old_state)
+    assert (policy.activate_cost_s, policy.deactivate_cost_s) == (-1.0, 3.0)
