@@ -112,8 +112,7 @@ async def test_a_live_worker_that_never_acks_is_marked_unresponsive_and_the_run_
     stack.start_controller().executor.worker_deadline_s = 2.0  # set before its task first runs
     await stack.start(without=("controller", "hybrid_0"))
     recovered = asyncio.Event()
-    engine = HungEngine(until=recovered, config=config.rollout.sim, time_scale=config.run.time_scale,
-                        prompt_length=config.data.prompt_length, seed=config.run.seed)
+    engine = HungEngine(until=recovered, config=config, hybrid=True)
     await engine.start()
     hung = RolloutWorker(bus=stack.bus(), replica_id="hybrid_0", engine=engine,
                          initial_state=ReplicaState.SLEEPING)
@@ -148,8 +147,7 @@ async def test_a_weight_sync_sends_a_worker_still_starting_its_engine_a_reload_w
         await asyncio.sleep(0.5)  # the trainer's command client starts with its loop
         async with asyncio.timeout(10):
             await trainer.sync_replicas(("standalone_0",), 1, "")
-        engine = SimEngine(config=config.rollout.sim, time_scale=config.run.time_scale,
-                           prompt_length=config.data.prompt_length, seed=config.run.seed)
+        engine = SimEngine(config=config, hybrid=False)
         await engine.start()  # the engine is up: the worker starts serving
         worker = RolloutWorker(bus=stack.bus(), replica_id="standalone_0", engine=engine,
                                initial_state=ReplicaState.SERVING, incarnation="inc-1")
