@@ -35,6 +35,7 @@ async def test_a_weight_sync_is_one_trainer_command_whose_failed_push_falls_back
     trainer_commands = await bus.subscribe(names.trainer_commands, TRAINER_GROUP, "trainer")
     worker_commands = await bus.subscribe(names.worker_commands("standalone_0"), WORKER_GROUP, "standalone_0")
     await bus.redis.set(names.worker_heartbeat("standalone_0"), "incarnation-1")
+    await bus.redis.set(names.worker_serving("standalone_0"), "incarnation-1")  # done starting
     reloads: list[Command] = []
 
     async def reload(command: Command) -> None:
