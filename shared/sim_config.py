@@ -9,7 +9,7 @@ the model. Nothing else reads them: `dynsched run` ignores the whole `simulator`
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,18 @@ class ModelShapeConfig(_Section):
     head_dim: Annotated[int, Field(ge=1)]
     bytes_per_param: Annotated[float, Field(gt=0)] = 2.0
     kv_bytes_per_element: Annotated[float, Field(gt=0)] = 2.0
+
+
+class ValidationConfig(_Section):
+    """The trainer's validation every ``every_versions`` versions (verl: ``trainer.test_freq``), which
+    blocks the trainer outside ``timing_s/step`` until the longest validation response is decoded."""
+
+    every_versions: Annotated[int, Field(ge=1)]
+    before_train: bool = True
+    """verl's ``trainer.val_before_train``: one validation before the first version."""
+    response_tokens: Annotated[int, Field(ge=1)]
+    """Prior: length of the longest validation response (a max-length one: decoding waits for it)."""
+    prompt_tokens: Annotated[int, Field(ge=0)] = 0
 
 
 class PhysicsConfig(_Section):
@@ -70,6 +82,8 @@ class PhysicsConfig(_Section):
     """That measurement's share of its GPU's HBM roofline."""
     reference_decode: str = ""
     """Citation of that measurement (engine, model, GPU, source)."""
+    validation: ValidationConfig | None = None
+    """Periodic validation blocking the trainer (its duration from the decode timing); None: none."""
 
 
 class PublishedRow(_Section):
@@ -88,7 +102,11 @@ class PublishedRow(_Section):
     tokens_per_step: Annotated[float, Field(gt=0)] | None = None
     mq_size: Annotated[float, Field(ge=0)] | None = None
     hours: dict[int, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
-    """Wall hours after N trainer steps, e.g. {100: 7.967}."""
+    """Wall hours after N steps, e.g. {100: 7.967}."""
+    step_unit: Literal["micro_step", "version"] = "micro_step"
+    """What one step of this row is: a trainer micro-step, or a weight version (``trigger`` micro-steps:
+    verl logs its aggregated metrics once per version, ``step=current_param_version``, summing the
+    ``timing_s/*`` of the version's micro-steps)."""
     policy: str = "static"
     """'static' (plain fully-async) or a registered policy with hybrids."""
     overrides: dict[str, float] = Field(default_factory=dict)

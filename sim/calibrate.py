@@ -60,8 +60,8 @@ FREE_PARAMETERS = {
                                          log=False, scale=20.0),
     "response_median_end": FreeParameter(key="simulator.workload.response_tokens_median_end", lo=50.0,
                                          hi=65536.0, log=True),
-    "collect_s": FreeParameter(key="simulator.trainer.collect_s_per_micro_step", lo=0.0, hi=3600.0, log=False,
-                               scale=10.0),
+    "collect_s": FreeParameter(key="simulator.trainer.collect_s_per_sample", lo=0.0, hi=60.0, log=False,
+                               scale=0.1),
 }
 FIT_OBSERVABLES = ("step_s", "gen_s", "update_s", "tokens_per_step", "mq_size")
 MIN_SENSITIVITY = 0.01
@@ -87,13 +87,16 @@ def get_param(scenario: Scenario, name: str) -> float:
 
 
 def row_scenario(scenario: Scenario, row: PublishedRow | Observed, steps: int) -> Scenario:
-    """The scenario at the row's split, plain fully-async, shortened to ``steps`` trainer steps."""
-    required = scenario.async_training.ppo_mini_batch_size * scenario.async_training.require_batches
-    if isinstance(row, PublishedRow):
-        scenario = scenario.with_changes(_typed(scenario, row.overrides)) if row.overrides else scenario
-        required = scenario.async_training.ppo_mini_batch_size * scenario.async_training.require_batches
+    """The scenario at the row's split, plain fully-async, shortened to ``steps`` steps (trainer steps,
+    or weight versions for a row whose ``step_unit`` is 'version')."""
+    if isinstance(row, PublishedRow) and row.overrides:
+        scenario = scenario.with_changes(_typed(scenario, row.overrides))
+    at = scenario.async_training
+    prompts = at.ppo_mini_batch_size * at.require_batches * steps
+    if getattr(row, "step_unit", "micro_step") == "version":
+        prompts *= at.trigger_parameter_sync_step
     policy = getattr(row, "policy", "static")
-    return scenario.with_split(row.train_gpus, row.rollout_gpus, policy=policy).with_prompts(steps * required)
+    return scenario.with_split(row.train_gpus, row.rollout_gpus, policy=policy).with_prompts(prompts)
 
 
 def _typed(scenario: Scenario, overrides: dict[str, float]) -> dict[str, object]:
@@ -108,7 +111,8 @@ def _typed(scenario: Scenario, overrides: dict[str, float]) -> dict[str, object]
 
 
 def simulate_row(scenario: Scenario, row: PublishedRow | Observed, steps: int) -> Observed:
-    return from_result(simulate(row_scenario(scenario, row, steps)), label=row.label)
+    return from_result(simulate(row_scenario(scenario, row, steps)), label=row.label,
+                       step_unit=getattr(row, "step_unit", "micro_step"))
 
 
 def _simulate_job(job: tuple[Scenario, PublishedRow, int]) -> Observed:
@@ -207,7 +211,7 @@ class Fit:
         out: list[float] = []
         for row, sim, pub in zip(self.fit_rows, self.last, self.published, strict=True):
             model = surrogate.observe(row_scenario(scenario, row, self.steps), label=row.label,
-                                      mq_size=sim.mq_size)
+                                      mq_size=sim.mq_size, step_unit=row.step_unit)
             out += residuals(model, pub)
         return np.array(out)
 

@@ -110,6 +110,19 @@ def decode_timing(phys: PhysicsConfig, tp: int, *, efficiency: float | None = No
                         per_context_token_s=kv_bytes / bw / a, kv_capacity_tokens=capacity)
 
 
+def validation_s(phys: PhysicsConfig, tp: int) -> float:
+    """One validation as the trainer waits for it: its longest response (``response_tokens``) decoded
+    on an otherwise idle replica (the queue is full while the trainer is blocked, so generation is
+    paused), from a ``prompt_tokens`` prefill: ``R (overhead + weights) + kv (P R + R^2 / 2)``."""
+    val = phys.validation
+    if val is None:
+        return 0.0
+    d = decode_timing(phys, tp)
+    r, p = float(val.response_tokens), float(val.prompt_tokens)
+    return (p / d.prefill_tokens_per_s + r * (d.overhead_s + max(d.weights_s, d.per_request_s))
+            + d.per_context_token_s * (p * r + 0.5 * r * r))
+
+
 def train_flops_per_token(phys: PhysicsConfig) -> float:
     return phys.train_flops_per_param_token * phys.model.active_params_b * 1e9
 

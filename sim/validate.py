@@ -43,15 +43,16 @@ def _simulate_row(args: tuple[Scenario, PublishedRow, int | None]) -> list[Check
     scenario, row, max_steps = args
     steps = max(row.hours, default=DEFAULT_STEPS)
     steps = min(steps, max_steps) if max_steps else steps
-    trigger = scenario.async_training.trigger_parameter_sync_step
-    res = simulate(row_scenario(scenario, row, steps))
-    sim = from_result(res, label=row.label)
+    at_row = row_scenario(scenario, row, steps)
+    res = simulate(at_row)
+    sim = from_result(res, label=row.label, step_unit=row.step_unit)
     checks = []
     for name in OBSERVABLES:
         want, got = getattr(row, name), sim.get(name)
         if want is not None and got is not None:
             checks.append(Check(row=row.label, fitted=row.fit, quantity=name, published=want, predicted=got))
-    times = {int(c["version"]) * trigger: c["time_s"] for c in res.cycles}
+    per = 1 if row.step_unit == "version" else at_row.async_training.trigger_parameter_sync_step
+    times = {int(c["version"]) * per: c["time_s"] for c in res.cycles}
     for n, hours in sorted(row.hours.items()):
         if n in times:
             checks.append(Check(row=row.label, fitted=row.fit, quantity=f"hours@{n}", published=hours,
