@@ -44,7 +44,9 @@ def observe(scenario: Scenario, *, label: str, mq_size: float | None,
     gen = np.full(len(step), tr.collect_s)
     trigger = scenario.async_training.trigger_parameter_sync_step
     versions = len(step) // trigger
-    per_version = (step[: versions * trigger].reshape(versions, trigger).sum(axis=1))
+    sync = scenario.costs.standalone_sync_s  # the trainer waits for the weight sync inside its last step
+    step[trigger - 1 :: trigger] += sync
+    per_version = step[: versions * trigger].reshape(versions, trigger).sum(axis=1)
     wall = np.cumsum(per_version)
     if tr.validation_every_versions:
         done = np.arange(1, versions + 1)

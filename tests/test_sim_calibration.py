@@ -160,3 +160,23 @@ def test_validation_blocks_the_trainer_in_wall_time_but_not_in_the_step_timer() 
     # before training and after version 1 (version 2's runs after its step is logged)
     assert b.cycles[-1]["time_s"] - a.cycles[-1]["time_s"] == pytest.approx(2 * val_s, rel=0.1)
     assert from_result(b).step_s == pytest.approx(from_result(a).step_s, rel=0.1)
+
+
+@pytest.mark.timeout(300)
+def test_a_closed_form_fit_recovers_the_trainer_of_consumption_bound_rows() -> None:
+    truth = synthetic(qwen7b())
+    start = truth.with_changes({"simulator.physics.train_mfu": 0.2,
+                                "simulator.physics.train_non_scaling_s": 5.0})
+    _, values, _ = calibrate(start, names=["train_mfu", "train_non_scaling_s"], steps=STEPS, log=False,
+                             closed_form_after=STEPS)
+    assert values["train_mfu"] == pytest.approx(0.3, rel=0.05)
+    assert values["train_non_scaling_s"] == pytest.approx(20.0, abs=2.0)
+
+
+@pytest.mark.timeout(300)
+def test_a_closed_form_fit_is_refused_when_a_row_waits_for_generation() -> None:
+    slow_decode = {"simulator.physics.decode_efficiency": 0.01}
+    truth = synthetic(qwen7b(**slow_decode), splits=((16, 16), (32, 32)))
+    with pytest.raises(CalibrationError, match="needs every fit row consumption-bound.*16:16: waits"):
+        calibrate(truth, names=["train_mfu", "train_non_scaling_s"], steps=STEPS, log=False,
+                  closed_form_after=STEPS)
