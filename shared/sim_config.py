@@ -72,8 +72,9 @@ class PhysicsConfig(_Section):
     train_flops_per_param_token: Annotated[float, Field(gt=0)] = 8.0
     """6 (forward + backward) + 2 with activation recomputation."""
     train_non_scaling_s: Annotated[float, Field(ge=0)] = 0.0
-    """Fitted: seconds per micro-step that do not shrink with more trainer GPUs (communication,
-    offload, reward, logging)."""
+    """Fitted: seconds per mini-batch (one optimizer step) that do not shrink with more trainer GPUs
+    (gradient reduction and parameter gathers not hidden, the optimizer step, offload, stragglers); a
+    micro-step of ``require_batches`` mini-batches pays it that many times."""
     fit_parameters: list[str] = Field(default_factory=lambda: ["train_mfu", "train_non_scaling_s"])
     """What `sim.calibrate` fits on the `fit: true` rows (names in sim.calibrate.FREE_PARAMETERS)."""
     reference_decode_step_s: Annotated[float, Field(gt=0)] | None = None

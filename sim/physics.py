@@ -17,7 +17,8 @@ overhead is a prior. KV capacity per replica = (gpu_memory_utilization * HBM - w
 With speculative decoding (``decode_tokens_per_step`` a > 1) every per-step cost is shared by ``a``
 tokens; the compute per token is not (verifying drafts costs FLOPs). Times are per generated token.
 
-Training: a micro-step costs ``non_scaling_s + tokens * flops_per_token / (gpus * peak * mfu)``.
+Training: a micro-step costs ``mini_batches * non_scaling_s + tokens * flops_per_token / (gpus * peak * mfu)``
+(``non_scaling_s`` per optimizer step: what FSDP does once per mini-batch does not shrink with GPUs).
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def physics_report(phys: PhysicsConfig, *, tp: int, max_running: int, mean_conte
                      f"{ref_frac}: {phys.reference_decode}")
     lines.append(f"training: scaling-part MFU {phys.train_mfu:.3f} "
                  f"({phys.train_flops_per_param_token:g} FLOPs per active parameter per token), "
-                 f"non-scaling {phys.train_non_scaling_s:.1f} s per micro-step")
+                 f"non-scaling {phys.train_non_scaling_s:.2f} s per mini-batch (optimizer step)")
     for row in rows:
         flops = train_flops_per_token(phys) * row.tokens_per_step
         mfu = flops / (row.train_gpus * acc.bf16_tflops * 1e12 * row.update_s)

@@ -287,8 +287,9 @@ def _trainer(config: Config, samples_per_micro_step: int) -> TrainerTiming:
     if phys is not None:  # the scaling part from the MFU, all of the rest in the fitted non-scaling part
         unit_gpus = config.simulator.trainer_unit_gpus
         val = phys.validation
+        mini_batches = max(1, samples_per_micro_step // config.trainer.ppo_mini_batch_size)  # optimizer steps
         return TrainerTiming(seconds_per_ktoken=trainer_s_per_ktoken(phys, unit_gpus),
-                             fixed_s_per_micro_step=phys.train_non_scaling_s + per_sample_s,
+                             fixed_s_per_micro_step=phys.train_non_scaling_s * mini_batches + per_sample_s,
                              scaling_efficiency=1.0,
                              collect_s=token_model.collect_s_per_sample * samples_per_micro_step,
                              validation_s=validation_s(phys, config.rollout.tensor_model_parallel_size),

@@ -138,3 +138,14 @@ def test_batch_collection_costs_the_same_per_sample_whatever_the_micro_step_size
     small = scenario.with_changes({"async_training.require_batches": 1})
     assert scenario.trainer.collect_s == pytest.approx(per_sample * 128)
     assert small.trainer.collect_s == pytest.approx(per_sample * 32)
+
+
+def test_the_non_scaling_trainer_part_is_paid_per_optimizer_step_whatever_the_micro_step_size() -> None:
+    scenario = load_scenario(SCENARIOS / "verl_qwen25_7b_h20.yaml")
+    per_mini_batch = scenario.config.simulator.physics.train_non_scaling_s  # type: ignore[union-attr]
+    rb1 = scenario.with_changes({"async_training.require_batches": 1,
+                                 "async_training.trigger_parameter_sync_step": 16})
+    assert scenario.trainer.fixed_s_per_micro_step == pytest.approx(4 * per_mini_batch)  # rb 4
+    assert rb1.trainer.fixed_s_per_micro_step == pytest.approx(per_mini_batch)
+    per_version_rb1 = 16 * rb1.trainer.fixed_s_per_micro_step
+    assert per_version_rb1 == pytest.approx(4 * scenario.trainer.fixed_s_per_micro_step)
