@@ -2,7 +2,8 @@
 
 Where it sits: after ``sim.calibrate`` has fitted a scenario on its ``fit: true`` rows, this simulates
 each row of ``simulator.published`` at its split (plain fully-async unless the row names a policy),
-for as many trainer steps as the row's longest wall-time figure, and prints published vs predicted
+for as many steps as the row's longest wall-time figure (trainer micro-steps, or weight versions for a
+row with ``step_unit: version``, as verl's tables count), and prints published vs predicted
 for every observable the row gives (per-step means over the run, and wall hours after N steps).
 Rows not marked ``fit`` are predictions: the table says which is which. The physics report is printed
 first; a scenario whose physics is out of bounds is refused (``sim.physics.PhysicsError``).
