@@ -216,9 +216,10 @@ class SimTrainerConfig(_Section):
     """Per micro-step overhead that does not shrink with more GPUs."""
     scaling_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Speedup per doubling of trainer units is 2 * this (data-parallel efficiency)."""
-    collect_s_per_micro_step: Seconds = 0.0
-    """Trainer-side cost of taking and assembling a batch once its samples are queued (fetch,
-    deserialize, pad); inside timing_s/gen, independent of the trainer's GPUs."""
+    collect_s_per_sample: Seconds = 0.0
+    """Trainer-side cost per sample of taking and assembling a batch once its samples are queued
+    (fetch, deserialize, pad: one pass over each sample); inside timing_s/gen, independent of the
+    trainer's GPUs."""
 
 
 class SimulatorConfig(_Section):

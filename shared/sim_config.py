@@ -9,7 +9,7 @@ the model. Nothing else reads them: `dynsched run` ignores the whole `simulator`
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,18 @@ class ModelShapeConfig(_Section):
     kv_bytes_per_element: Annotated[float, Field(gt=0)] = 2.0
 
 
+class ValidationConfig(_Section):
+    """The trainer's validation every ``every_versions`` versions (verl: ``trainer.test_freq``), which
+    blocks the trainer outside ``timing_s/step`` until the longest validation response is decoded."""
+
+    every_versions: Annotated[int, Field(ge=1)]
+    before_train: bool = True
+    """verl's ``trainer.val_before_train``: one validation before the first version."""
+    response_tokens: Annotated[int, Field(ge=1)]
+    """Prior: length of the longest validation response (a max-length one: decoding waits for it)."""
+    prompt_tokens: Annotated[int, Field(ge=0)] = 0
+
+
 class PhysicsConfig(_Section):
     """Decode and training costs from the accelerator's peaks; efficiencies are fitted (sim.calibrate)."""
 
@@ -60,8 +72,9 @@ class PhysicsConfig(_Section):
     train_flops_per_param_token: Annotated[float, Field(gt=0)] = 8.0
     """6 (forward + backward) + 2 with activation recomputation."""
     train_non_scaling_s: Annotated[float, Field(ge=0)] = 0.0
-    """Fitted: seconds per micro-step that do not shrink with more trainer GPUs (communication,
-    offload, reward, logging)."""
+    """Fitted: seconds per mini-batch (one optimizer step) that do not shrink with more trainer GPUs
+    (gradient reduction and parameter gathers not hidden, the optimizer step, offload, stragglers); a
+    micro-step of ``require_batches`` mini-batches pays it that many times."""
     fit_parameters: list[str] = Field(default_factory=lambda: ["train_mfu", "train_non_scaling_s"])
     """What `sim.calibrate` fits on the `fit: true` rows (names in sim.calibrate.FREE_PARAMETERS)."""
     reference_decode_step_s: Annotated[float, Field(gt=0)] | None = None
@@ -70,6 +83,8 @@ class PhysicsConfig(_Section):
     """That measurement's share of its GPU's HBM roofline."""
     reference_decode: str = ""
     """Citation of that measurement (engine, model, GPU, source)."""
+    validation: ValidationConfig | None = None
+    """Periodic validation blocking the trainer (its duration from the decode timing); None: none."""
 
 
 class PublishedRow(_Section):
@@ -88,7 +103,11 @@ class PublishedRow(_Section):
     tokens_per_step: Annotated[float, Field(gt=0)] | None = None
     mq_size: Annotated[float, Field(ge=0)] | None = None
     hours: dict[int, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
-    """Wall hours after N trainer steps, e.g. {100: 7.967}."""
+    """Wall hours after N steps, e.g. {100: 7.967}."""
+    step_unit: Literal["micro_step", "version"] = "micro_step"
+    """What one step of this row is: a trainer micro-step, or a weight version (``trigger`` micro-steps:
+    verl logs its aggregated metrics once per version, ``step=current_param_version``, summing the
+    ``timing_s/*`` of the version's micro-steps)."""
     policy: str = "static"
     """'static' (plain fully-async) or a registered policy with hybrids."""
     overrides: dict[str, float] = Field(default_factory=dict)

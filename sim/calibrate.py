@@ -60,8 +60,8 @@ FREE_PARAMETERS = {
                                          log=False, scale=20.0),
     "response_median_end": FreeParameter(key="simulator.workload.response_tokens_median_end", lo=50.0,
                                          hi=65536.0, log=True),
-    "collect_s": FreeParameter(key="simulator.trainer.collect_s_per_micro_step", lo=0.0, hi=3600.0, log=False,
-                               scale=10.0),
+    "collect_s": FreeParameter(key="simulator.trainer.collect_s_per_sample", lo=0.0, hi=60.0, log=False,
+                               scale=0.1),
 }
 FIT_OBSERVABLES = ("step_s", "gen_s", "update_s", "tokens_per_step", "mq_size")
 MIN_SENSITIVITY = 0.01
@@ -87,13 +87,16 @@ def get_param(scenario: Scenario, name: str) -> float:
 
 
 def row_scenario(scenario: Scenario, row: PublishedRow | Observed, steps: int) -> Scenario:
-    """The scenario at the row's split, plain fully-async, shortened to ``steps`` trainer steps."""
-    required = scenario.async_training.ppo_mini_batch_size * scenario.async_training.require_batches
-    if isinstance(row, PublishedRow):
-        scenario = scenario.with_changes(_typed(scenario, row.overrides)) if row.overrides else scenario
-        required = scenario.async_training.ppo_mini_batch_size * scenario.async_training.require_batches
+    """The scenario at the row's split, plain fully-async, shortened to ``steps`` steps (trainer steps,
+    or weight versions for a row whose ``step_unit`` is 'version')."""
+    if isinstance(row, PublishedRow) and row.overrides:
+        scenario = scenario.with_changes(_typed(scenario, row.overrides))
+    at = scenario.async_training
+    prompts = at.ppo_mini_batch_size * at.require_batches * steps
+    if getattr(row, "step_unit", "micro_step") == "version":
+        prompts *= at.trigger_parameter_sync_step
     policy = getattr(row, "policy", "static")
-    return scenario.with_split(row.train_gpus, row.rollout_gpus, policy=policy).with_prompts(steps * required)
+    return scenario.with_split(row.train_gpus, row.rollout_gpus, policy=policy).with_prompts(prompts)
 
 
 def _typed(scenario: Scenario, overrides: dict[str, float]) -> dict[str, object]:
@@ -108,7 +111,8 @@ def _typed(scenario: Scenario, overrides: dict[str, float]) -> dict[str, object]
 
 
 def simulate_row(scenario: Scenario, row: PublishedRow | Observed, steps: int) -> Observed:
-    return from_result(simulate(row_scenario(scenario, row, steps)), label=row.label)
+    return from_result(simulate(row_scenario(scenario, row, steps)), label=row.label,
+                       step_unit=getattr(row, "step_unit", "micro_step"))
 
 
 def _simulate_job(job: tuple[Scenario, PublishedRow, int]) -> Observed:
@@ -153,10 +157,16 @@ class Fit:
     """One calibration: parameters in a transformed space, simulated residuals, LM iterations."""
 
     def __init__(self, scenario: Scenario, rows: list[PublishedRow], names: list[str], *, steps: int,
-                 log: bool = True, workers: int = 1) -> None:
+                 log: bool = True, workers: int = 1, closed_form_after: int = 0) -> None:
         unknown = [n for n in names if n not in FREE_PARAMETERS]
         if unknown:
             raise CalibrationError(f"cannot fit {unknown}: expected names in {list(FREE_PARAMETERS)}")
+        if closed_form_after and not set(names) <= surrogate.SURROGATE_PARAMETERS:
+            raise CalibrationError(f"a closed-form fit needs trainer-side parameters only "
+                                   f"({sorted(surrogate.SURROGATE_PARAMETERS)}), not {names}")
+        self.closed_form_after = closed_form_after
+        """>0: simulate the rows this many steps to check that each is consumption-bound, then take
+        every residual from the closed form (sim.surrogate) at ``steps``."""
         self.fit_rows = [r for r in rows if r.fit]
         if not self.fit_rows:
             raise CalibrationError("no row has fit: true; nothing to calibrate on")
@@ -202,14 +212,35 @@ class Fit:
             cols.append((moved - base) / (sign * h))
         return np.array(cols).T
 
-    def _surrogate_residual(self, x: np.ndarray) -> np.ndarray:
+    def _surrogate_observed(self, x: np.ndarray) -> list[Observed]:
         scenario = self.at(x)
-        out: list[float] = []
-        for row, sim, pub in zip(self.fit_rows, self.last, self.published, strict=True):
-            model = surrogate.observe(row_scenario(scenario, row, self.steps), label=row.label,
-                                      mq_size=sim.mq_size)
-            out += residuals(model, pub)
-        return np.array(out)
+        return [surrogate.observe(row_scenario(scenario, row, self.steps), label=row.label,
+                                  mq_size=sim.mq_size, step_unit=row.step_unit)
+                for row, sim in zip(self.fit_rows, self.last, strict=True)]
+
+    def _surrogate_residual(self, x: np.ndarray) -> np.ndarray:
+        models = self._surrogate_observed(x)
+        return np.array([r for m, pub in zip(models, self.published, strict=True) for r in residuals(m, pub)])
+
+    def _check_consumption_bound(self, x: np.ndarray) -> None:
+        """Simulate the rows ``closed_form_after`` steps; the closed form holds only if no row's trainer
+        waits for generation (its gen is the batch collection alone, within 2% of the step)."""
+        steps, self.steps = self.steps, self.closed_form_after
+        try:
+            self.residual(x)
+        finally:
+            self.steps = steps
+        scenario, max_queue = self.at(x), self._max_queue()
+        waiting = []
+        for row, sim in zip(self.fit_rows, self.last, strict=True):
+            at_row = row_scenario(scenario, row, 1)
+            per_step = at_row.async_training.trigger_parameter_sync_step if row.step_unit == "version" else 1
+            wait = (sim.gen_s or 0.0) - at_row.trainer.collect_s * per_step
+            if wait > 0.02 * (sim.step_s or 0.0):
+                waiting.append(f"{sim.label}: waits {wait:.1f} s/step, {regime(sim, max_queue)}")
+        if waiting:
+            raise CalibrationError("a closed-form fit needs every fit row consumption-bound (its trainer "
+                                   "never waiting for generation); " + "; ".join(waiting))
 
     def identify(self, jac: np.ndarray) -> None:
         max_queue = self._max_queue()
@@ -233,7 +264,11 @@ class Fit:
 
     def run(self, *, max_iter: int = 6, tol: float = 1e-4) -> tuple[dict[str, float], float]:
         x = self.to_x([get_param(self.scenario, n) for n in self.names])
-        r = self.residual(x)
+        if self.closed_form_after:
+            self._check_consumption_bound(x)
+            max_iter = 4 * max_iter  # closed-form evaluations cost milliseconds
+        residual = self._surrogate_residual if self.closed_form_after else self.residual
+        r = residual(x)
         at_x = self.last
         cost, lam = float(r @ r), 1e-2
         for it in range(max_iter):
@@ -249,7 +284,7 @@ class Fit:
                 step = np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), -g)
                 step = np.clip(step, -0.7, 0.7)  # damping: at most x2 (log) or 0.7 scales per iteration
                 trial = self.to_x(self.to_values(x + step))
-                r_new = self.residual(trial)
+                r_new = residual(trial)
                 improved = float(r_new @ r_new) < cost
                 lam = lam / 3 if improved else lam * 10
             if not improved:
@@ -258,7 +293,7 @@ class Fit:
             x, r, cost, at_x = trial, r_new, float(r_new @ r_new), self.last
             if change < tol:
                 break
-        self.last = at_x
+        self.last = self._surrogate_observed(x) if self.closed_form_after else at_x
         values = dict(zip(self.names, self.to_values(x), strict=True))
         self._say(f"fitted: {values} rms {math.sqrt(cost / len(r)):.4f}")
         return values, math.sqrt(cost / len(r))
@@ -269,14 +304,14 @@ class Fit:
 
 
 def calibrate(scenario: Scenario, *, names: list[str] | None = None, steps: int = 48, log: bool = True,
-              workers: int = 1) -> tuple[Scenario, dict[str, float], Fit]:
+              workers: int = 1, closed_form_after: int = 0) -> tuple[Scenario, dict[str, float], Fit]:
     """Fit ``names`` (default: the scenario's ``simulator.physics.fit_parameters``) on its fit rows;
     refuse a result outside physical bounds. Returns the fitted scenario, the values and the fit."""
     phys = scenario.config.simulator.physics
     if phys is None:
         raise CalibrationError("the scenario has no simulator.physics section: nothing physical to fit")
     fit = Fit(scenario, list(scenario.config.simulator.published), names or list(phys.fit_parameters),
-              steps=steps, log=log, workers=workers)
+              steps=steps, log=log, workers=workers, closed_form_after=closed_form_after)
     values, _ = fit.run()
     fitted = scenario.with_changes({FREE_PARAMETERS[n].key: v for n, v in values.items()})
     assert fitted.config.simulator.physics is not None
@@ -323,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", default="", help="comma-separated parameters (default: the scenario's list)")
     parser.add_argument("--steps", type=int, default=48, help="trainer steps simulated per row")
     parser.add_argument("--workers", type=int, default=1, help="rows simulated in parallel")
+    parser.add_argument("--closed-form-after", type=int, default=0, metavar="STEPS",
+                        help="check each fit row is consumption-bound in a STEPS-step simulation, then fit "
+                             "on the closed-form trainer model (sim.surrogate) at --steps; 0: full "
+                             "simulations throughout")
     parser.add_argument("--write", action="store_true", help="store the fitted values in the config file")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.config)
@@ -330,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for note in consistency_notes([from_row(r) for r in scenario.config.simulator.published if r.fit]):
             print(f"note: {note}")
-        fitted, values, fit = calibrate(scenario, names=names, steps=args.steps, workers=args.workers)
+        fitted, values, fit = calibrate(scenario, names=names, steps=args.steps, workers=args.workers,
+                                        closed_form_after=args.closed_form_after)
     except (CalibrationError, PhysicsError) as exc:
         print(f"calibration refused: {exc}", file=sys.stderr)
         return 1

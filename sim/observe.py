@@ -50,8 +50,11 @@ def from_row(row: PublishedRow) -> Observed:
                     tokens_per_step=row.tokens_per_step, mq_size=row.mq_size, hours=dict(row.hours))
 
 
-def from_result(res: SimResult, *, label: str = "") -> Observed:
-    steps = max(1, res.micro_steps)
+def from_result(res: SimResult, *, label: str = "", step_unit: str = "micro_step") -> Observed:
+    """Per-step means of a simulated run; ``step_unit`` 'version' counts a step per weight version (as
+    verl's tables do: ``timing_s/*`` summed over the version's micro-steps, hours after N versions)."""
+    per_version = step_unit == "version"
+    steps = max(1, res.versions if per_version else res.micro_steps)
     cycles = res.cycles
 
     def per_step(key: str) -> float:
@@ -62,14 +65,14 @@ def from_result(res: SimResult, *, label: str = "") -> Observed:
                     step_s=per_step("timing_s/step"), gen_s=per_step("timing_s/gen"),
                     update_s=per_step("dynamic_resource/train_compute_time_s"),
                     tokens_per_step=res.tokens["trained"] / steps, mq_size=sum(mq) / max(1, len(mq)),
-                    hours=_hours_by_step(res))
+                    hours=_hours_by_step(res, per_version=per_version))
 
 
-def _hours_by_step(res: SimResult) -> dict[int, float]:
-    """Wall hours at every sync (trainer steps done -> hours) and at the end."""
-    per_cycle = res.micro_steps // max(1, len(res.cycles))
+def _hours_by_step(res: SimResult, *, per_version: bool = False) -> dict[int, float]:
+    """Wall hours at every sync (trainer steps or versions done -> hours) and at the end."""
+    per_cycle = 1 if per_version else res.micro_steps // max(1, len(res.cycles))
     hours = {int(c["version"]) * per_cycle: c["time_s"] / 3600.0 for c in res.cycles}
-    hours[res.micro_steps] = res.wall_s / 3600.0
+    hours.setdefault(res.versions if per_version else res.micro_steps, res.wall_s / 3600.0)
     return hours
 
 

@@ -17,7 +17,8 @@ overhead is a prior. KV capacity per replica = (gpu_memory_utilization * HBM - w
 With speculative decoding (``decode_tokens_per_step`` a > 1) every per-step cost is shared by ``a``
 tokens; the compute per token is not (verifying drafts costs FLOPs). Times are per generated token.
 
-Training: a micro-step costs ``non_scaling_s + tokens * flops_per_token / (gpus * peak * mfu)``.
+Training: a micro-step costs ``mini_batches * non_scaling_s + tokens * flops_per_token / (gpus * peak * mfu)``
+(``non_scaling_s`` per optimizer step: what FSDP does once per mini-batch does not shrink with GPUs).
 """
 
 from __future__ import annotations
@@ -110,6 +111,19 @@ def decode_timing(phys: PhysicsConfig, tp: int, *, efficiency: float | None = No
                         per_context_token_s=kv_bytes / bw / a, kv_capacity_tokens=capacity)
 
 
+def validation_s(phys: PhysicsConfig, tp: int) -> float:
+    """One validation as the trainer waits for it: its longest response (``response_tokens``) decoded
+    on an otherwise idle replica (the queue is full while the trainer is blocked, so generation is
+    paused), from a ``prompt_tokens`` prefill: ``R (overhead + weights) + kv (P R + R^2 / 2)``."""
+    val = phys.validation
+    if val is None:
+        return 0.0
+    d = decode_timing(phys, tp)
+    r, p = float(val.response_tokens), float(val.prompt_tokens)
+    return (p / d.prefill_tokens_per_s + r * (d.overhead_s + max(d.weights_s, d.per_request_s))
+            + d.per_context_token_s * (p * r + 0.5 * r * r))
+
+
 def train_flops_per_token(phys: PhysicsConfig) -> float:
     return phys.train_flops_per_param_token * phys.model.active_params_b * 1e9
 
@@ -183,7 +197,7 @@ def physics_report(phys: PhysicsConfig, *, tp: int, max_running: int, mean_conte
                      f"{ref_frac}: {phys.reference_decode}")
     lines.append(f"training: scaling-part MFU {phys.train_mfu:.3f} "
                  f"({phys.train_flops_per_param_token:g} FLOPs per active parameter per token), "
-                 f"non-scaling {phys.train_non_scaling_s:.1f} s per micro-step")
+                 f"non-scaling {phys.train_non_scaling_s:.2f} s per mini-batch (optimizer step)")
     for row in rows:
         flops = train_flops_per_token(phys) * row.tokens_per_step
         mfu = flops / (row.train_gpus * acc.bf16_tflops * 1e12 * row.update_s)

@@ -250,6 +250,9 @@ class Simulation:
     def _trainer(self) -> Proc:
         plan = self.cycle.run()
         result: Any = None
+        tcfg = self.scenario.trainer
+        if tcfg.validation_every_versions and tcfg.validation_before_train:
+            yield tcfg.validation_s
         while True:
             try:
                 op = plan.send(result)
@@ -265,6 +268,7 @@ class Simulation:
             return (yield from self._run_plan(self.executor.on_weights_ready(op.event)))
         if isinstance(op, tc.Send):
             self._on_trainer_event(op.event)
+            yield from self._validate_after(op.event)
         elif isinstance(op, tc.QueueSize):
             return len(r.mq)
         elif isinstance(op, tc.Collect):
@@ -288,6 +292,15 @@ class Simulation:
             return ""
         # AcquireGpu, SaveCheckpoint, SaveProgress: nothing to model
         return None
+
+    def _validate_after(self, event: TrainerEvent) -> Proc:
+        """verl validates after the step timer of every ``test_freq``-th version: the trainer waits
+        (wall time, not timing_s/step) while the rollouter keeps generating."""
+        every = self.scenario.trainer.validation_every_versions
+        if (every and event.phase is TrainerPhase.MICRO_STEP_DONE
+                and event.global_steps % self.limits.trigger_parameter_sync_step == 0
+                and event.version % every == 0):
+            yield self.scenario.trainer.validation_s
 
     def _on_trainer_event(self, event: TrainerEvent) -> None:
         if event.phase is TrainerPhase.COLLECTED:

@@ -31,7 +31,7 @@ from typing import Any
 
 from core.flow import FlowLimits
 from shared.config import ROLLOUTER_MONITOR_INTERVAL_S, Config, ConfigError, load_config, replace_config
-from sim.physics import decode_timing, trainer_s_per_ktoken
+from sim.physics import decode_timing, trainer_s_per_ktoken, validation_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +149,13 @@ class TrainerTiming:
     """Includes ``trainer.time_per_sample_s`` x samples per micro-step / ``trainer.num_gpus``."""
     scaling_efficiency: float
     collect_s: float = 0.0
-    """Taking and assembling a batch once its samples are queued (inside timing_s/gen)."""
+    """Taking and assembling a micro-step's batch once its samples are queued (inside timing_s/gen):
+    ``simulator.trainer.collect_s_per_sample`` x samples."""
+    validation_s: float = 0.0
+    """One validation, blocking the trainer after a sync (outside timing_s/step)."""
+    validation_every_versions: int = 0
+    """0: no validation."""
+    validation_before_train: bool = False
 
     def speedup(self, units: int) -> float:
         return units * self.scaling_efficiency ** math.log2(units) if units > 1 else 1.0
@@ -281,14 +287,19 @@ def _trainer(config: Config, samples_per_micro_step: int) -> TrainerTiming:
     phys = config.simulator.physics
     if phys is not None:  # the scaling part from the MFU, all of the rest in the fitted non-scaling part
         unit_gpus = config.simulator.trainer_unit_gpus
+        val = phys.validation
+        mini_batches = max(1, samples_per_micro_step // config.trainer.ppo_mini_batch_size)  # optimizer steps
         return TrainerTiming(seconds_per_ktoken=trainer_s_per_ktoken(phys, unit_gpus),
-                             fixed_s_per_micro_step=phys.train_non_scaling_s + per_sample_s,
+                             fixed_s_per_micro_step=phys.train_non_scaling_s * mini_batches + per_sample_s,
                              scaling_efficiency=1.0,
-                             collect_s=token_model.collect_s_per_micro_step)
+                             collect_s=token_model.collect_s_per_sample * samples_per_micro_step,
+                             validation_s=validation_s(phys, config.rollout.tensor_model_parallel_size),
+                             validation_every_versions=val.every_versions if val else 0,
+                             validation_before_train=val.before_train if val else False)
     return TrainerTiming(seconds_per_ktoken=token_model.seconds_per_ktoken,
                          fixed_s_per_micro_step=token_model.fixed_s_per_micro_step + per_sample_s,
                          scaling_efficiency=token_model.scaling_efficiency,
-                         collect_s=token_model.collect_s_per_micro_step)
+                         collect_s=token_model.collect_s_per_sample * samples_per_micro_step)
 
 
 def _costs(config: Config) -> SwitchCosts:

@@ -32,16 +32,33 @@ def step_tokens(scenario: Scenario) -> np.ndarray:
     return per_sample[: steps * required].reshape(steps, required).sum(axis=1)
 
 
-def observe(scenario: Scenario, *, label: str, mq_size: float | None) -> Observed:
-    """What a consumption-bound run of ``scenario`` (already at the row's split and length) reports."""
+def observe(scenario: Scenario, *, label: str, mq_size: float | None,
+            step_unit: str = "micro_step") -> Observed:
+    """What a consumption-bound run of ``scenario`` (already at the row's split and length) reports,
+    per trainer step or (``step_unit`` 'version') per weight version; validations add wall time."""
     tokens = step_tokens(scenario)
     cluster, tr = scenario.cluster, scenario.trainer
     units = cluster.train_gpus // cluster.trainer_unit_gpus
     update = tr.fixed_s_per_micro_step + tokens / 1000.0 * tr.seconds_per_ktoken / tr.speedup(units)
     step = tr.collect_s + update
+    gen = np.full(len(step), tr.collect_s)
     trigger = scenario.async_training.trigger_parameter_sync_step
-    hours_at = np.cumsum(step) / 3600.0
-    hours = {n: float(hours_at[n - 1]) for n in range(trigger, len(step) + 1, trigger)}
+    versions = len(step) // trigger
+    sync = scenario.costs.standalone_sync_s  # the trainer waits for the weight sync inside its last step
+    step[trigger - 1 :: trigger] += sync
+    per_version = step[: versions * trigger].reshape(versions, trigger).sum(axis=1)
+    wall = np.cumsum(per_version)
+    if tr.validation_every_versions:
+        done = np.arange(1, versions + 1)
+        wall = wall + tr.validation_s * ((done - 1) // tr.validation_every_versions
+                                         + (1 if tr.validation_before_train else 0))
+    if step_unit == "version":
+        k = trigger
+        hours = {v + 1: float(wall[v]) / 3600.0 for v in range(versions)}
+    else:
+        k = 1
+        hours = {(v + 1) * trigger: float(wall[v]) / 3600.0 for v in range(versions)}
     return Observed(label=label, train_gpus=cluster.train_gpus, rollout_gpus=cluster.rollout_gpus,
-                    step_s=float(step.mean()), gen_s=tr.collect_s, update_s=float(update.mean()),
-                    tokens_per_step=float(tokens.mean()), mq_size=mq_size, hours=hours)
+                    step_s=k * float(step.mean()), gen_s=k * float(gen.mean()),
+                    update_s=k * float(update.mean()), tokens_per_step=k * float(tokens.mean()),
+                    mq_size=mq_size, hours=hours)

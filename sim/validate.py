@@ -2,7 +2,8 @@
 
 Where it sits: after ``sim.calibrate`` has fitted a scenario on its ``fit: true`` rows, this simulates
 each row of ``simulator.published`` at its split (plain fully-async unless the row names a policy),
-for as many trainer steps as the row's longest wall-time figure, and prints published vs predicted
+for as many steps as the row's longest wall-time figure (trainer micro-steps, or weight versions for a
+row with ``step_unit: version``, as verl's tables count), and prints published vs predicted
 for every observable the row gives (per-step means over the run, and wall hours after N steps).
 Rows not marked ``fit`` are predictions: the table says which is which. The physics report is printed
 first; a scenario whose physics is out of bounds is refused (``sim.physics.PhysicsError``).
@@ -43,15 +44,16 @@ def _simulate_row(args: tuple[Scenario, PublishedRow, int | None]) -> list[Check
     scenario, row, max_steps = args
     steps = max(row.hours, default=DEFAULT_STEPS)
     steps = min(steps, max_steps) if max_steps else steps
-    trigger = scenario.async_training.trigger_parameter_sync_step
-    res = simulate(row_scenario(scenario, row, steps))
-    sim = from_result(res, label=row.label)
+    at_row = row_scenario(scenario, row, steps)
+    res = simulate(at_row)
+    sim = from_result(res, label=row.label, step_unit=row.step_unit)
     checks = []
     for name in OBSERVABLES:
         want, got = getattr(row, name), sim.get(name)
         if want is not None and got is not None:
             checks.append(Check(row=row.label, fitted=row.fit, quantity=name, published=want, predicted=got))
-    times = {int(c["version"]) * trigger: c["time_s"] for c in res.cycles}
+    per = 1 if row.step_unit == "version" else at_row.async_training.trigger_parameter_sync_step
+    times = {int(c["version"]) * per: c["time_s"] for c in res.cycles}
     for n, hours in sorted(row.hours.items()):
         if n in times:
             checks.append(Check(row=row.label, fitted=row.fit, quantity=f"hours@{n}", published=hours,

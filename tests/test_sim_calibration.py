@@ -11,7 +11,15 @@ import yaml
 from services.cli import main as dynsched
 from shared.config import config_to_dict
 from shared.sim_config import PublishedRow
-from sim.calibrate import CalibrationError, Fit, calibrate, consistency_notes, simulate_row, write_params
+from sim.calibrate import (
+    CalibrationError,
+    Fit,
+    calibrate,
+    consistency_notes,
+    row_scenario,
+    simulate_row,
+    write_params,
+)
 from sim.observe import from_metrics_jsonl, from_result, from_row
 from sim.physics import PhysicsError
 from sim.run import simulate
@@ -127,3 +135,48 @@ def test_the_calibrated_seed_static_runs_are_within_two_percent_of_the_measured_
         if row.fit:
             sim = simulate_row(scenario, row, max(row.hours))
             assert sim.hours[max(row.hours)] == pytest.approx(row.hours[max(row.hours)], rel=0.02), row.label
+
+
+def test_a_version_row_simulates_whole_versions_and_reports_per_version_sums() -> None:
+    scenario = qwen7b()
+    row = PublishedRow(label="v", train_gpus=16, rollout_gpus=16, step_unit="version")
+    at_row = row_scenario(scenario, row, 2)
+    assert at_row.async_training.total_rollout_steps == 2 * 512
+    res = simulate(at_row)
+    per_version, per_micro = from_result(res, step_unit="version"), from_result(res)
+    for name in ("step_s", "gen_s", "update_s", "tokens_per_step"):
+        assert per_version.get(name) == pytest.approx(4 * per_micro.get(name)), name  # type: ignore[operator]
+    assert set(per_version.hours) == {1, 2} and set(per_micro.hours) == {4, 8}
+
+
+@pytest.mark.timeout(120)
+def test_validation_blocks_the_trainer_in_wall_time_but_not_in_the_step_timer() -> None:
+    val = {"every_versions": 1, "before_train": True, "response_tokens": 28672, "prompt_tokens": 150}
+    plain = qwen7b(**{"simulator.physics.validation": None}).with_prompts(2 * 512)
+    validated = qwen7b(**{"simulator.physics.validation": val}).with_prompts(2 * 512)
+    a, b = simulate(plain), simulate(validated)
+    val_s = validated.trainer.validation_s
+    assert val_s > 100.0
+    # before training and after version 1 (version 2's runs after its step is logged)
+    assert b.cycles[-1]["time_s"] - a.cycles[-1]["time_s"] == pytest.approx(2 * val_s, rel=0.1)
+    assert from_result(b).step_s == pytest.approx(from_result(a).step_s, rel=0.1)
+
+
+@pytest.mark.timeout(300)
+def test_a_closed_form_fit_recovers_the_trainer_of_consumption_bound_rows() -> None:
+    truth = synthetic(qwen7b())
+    start = truth.with_changes({"simulator.physics.train_mfu": 0.2,
+                                "simulator.physics.train_non_scaling_s": 5.0})
+    _, values, _ = calibrate(start, names=["train_mfu", "train_non_scaling_s"], steps=STEPS, log=False,
+                             closed_form_after=STEPS)
+    assert values["train_mfu"] == pytest.approx(0.3, rel=0.05)
+    assert values["train_non_scaling_s"] == pytest.approx(20.0, abs=2.0)
+
+
+@pytest.mark.timeout(300)
+def test_a_closed_form_fit_is_refused_when_a_row_waits_for_generation() -> None:
+    slow_decode = {"simulator.physics.decode_efficiency": 0.01}
+    truth = synthetic(qwen7b(**slow_decode), splits=((16, 16), (32, 32)))
+    with pytest.raises(CalibrationError, match="needs every fit row consumption-bound.*16:16: waits"):
+        calibrate(truth, names=["train_mfu", "train_non_scaling_s"], steps=STEPS, log=False,
+                  closed_form_after=STEPS)

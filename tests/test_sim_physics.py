@@ -9,7 +9,15 @@ import pytest
 from shared.sim_config import ModelShapeConfig, PhysicsConfig
 from sim.engine import Engine
 from sim.model import Replica, Request, Sample, Workload
-from sim.physics import MAX_TRAIN_MFU, PhysicsError, check, decode_timing, physics_report, problems
+from sim.physics import (
+    MAX_TRAIN_MFU,
+    PhysicsError,
+    check,
+    decode_timing,
+    physics_report,
+    problems,
+    validation_s,
+)
 from sim.scenario import ReplicaTiming, WorkloadShape, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -110,3 +118,34 @@ def test_no_shipped_scenario_implies_an_impossible_machine_or_more_than_sixty_pe
     if config.simulator.physics is not None:
         assert problems(config.simulator.physics) == []
         assert config.simulator.physics.reference_decode, "cite a published decode measurement"
+
+
+def test_a_validation_waits_for_its_longest_response_decoded_on_an_idle_replica() -> None:
+    val = {"every_versions": 20, "response_tokens": 28672, "prompt_tokens": 150}
+    p = phys(validation=val)
+    d = decode_timing(p, tp=4)
+    r = 28672.0
+    expected = (150 / d.prefill_tokens_per_s + r * (d.overhead_s + d.weights_s)
+                + d.per_context_token_s * (150 * r + r * r / 2))
+    assert validation_s(p, tp=4) == pytest.approx(expected)
+    assert 100.0 < validation_s(p, tp=4) < 200.0  # ~5 ms a token at batch 1: a 28k answer takes minutes
+    assert validation_s(phys(), tp=4) == 0.0
+
+
+def test_batch_collection_costs_the_same_per_sample_whatever_the_micro_step_size() -> None:
+    scenario = load_scenario(SCENARIOS / "verl_qwen25_7b_h20.yaml")
+    per_sample = scenario.config.simulator.trainer.collect_s_per_sample
+    small = scenario.with_changes({"async_training.require_batches": 1})
+    assert scenario.trainer.collect_s == pytest.approx(per_sample * 128)
+    assert small.trainer.collect_s == pytest.approx(per_sample * 32)
+
+
+def test_the_non_scaling_trainer_part_is_paid_per_optimizer_step_whatever_the_micro_step_size() -> None:
+    scenario = load_scenario(SCENARIOS / "verl_qwen25_7b_h20.yaml")
+    per_mini_batch = scenario.config.simulator.physics.train_non_scaling_s  # type: ignore[union-attr]
+    rb1 = scenario.with_changes({"async_training.require_batches": 1,
+                                 "async_training.trigger_parameter_sync_step": 16})
+    assert scenario.trainer.fixed_s_per_micro_step == pytest.approx(4 * per_mini_batch)  # rb 4
+    assert rb1.trainer.fixed_s_per_micro_step == pytest.approx(per_mini_batch)
+    per_version_rb1 = 16 * rb1.trainer.fixed_s_per_micro_step
+    assert per_version_rb1 == pytest.approx(4 * scenario.trainer.fixed_s_per_micro_step)
