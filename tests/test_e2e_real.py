@@ -212,13 +212,17 @@ def test_hybrid_replicas_were_activated_and_deactivated(ci_run: RealRun) -> None
 
 def test_every_weight_sync_was_pushed_over_gloo_and_none_fell_back(ci_run: RealRun) -> None:
     """configs/real_ci.yaml pushes weights (shared/weight_transfer.py): each sync of the
-    standalone, and of the hybrid when it is activated, is one push the controller audits."""
+    standalone, and of the hybrid when it is activated, is one push the controller audits. The
+    sync of version 0 may find the standalone still starting its vLLM engine: a sync waits only
+    for serving workers, so that one is sent a reload instead (it loads version 0 from disk)."""
     pushes = [e for e in ci_run.audit if e.kind is AuditKind.PUSH]
     syncs = [e for e in ci_run.audit if e.kind is AuditKind.COMMAND and e.command == SyncWeights.kind]
-    assert len(pushes) == len(syncs) > ci_run.summary["param_versions"], (len(pushes), len(syncs))
+    assert len(syncs) - 1 <= len(pushes) <= len(syncs), (len(pushes), len(syncs))
+    assert len(syncs) > ci_run.summary["param_versions"], len(syncs)
     assert all(e.transport == "gloo" and e.ok for e in pushes), pushes
     pushed = {(e.version, replica_id) for e in pushes for replica_id in e.replica_ids}
-    versions = range(ci_run.summary["param_versions"] + 1)
+    assert {e.version for e in syncs} - {e.version for e in pushes} <= {0}, pushes
+    versions = range(1, ci_run.summary["param_versions"] + 1)
     assert {(v, "standalone_0") for v in versions} <= pushed
     assert sum(row["weights/push_fallbacks"] for row in ci_run.metrics) == 0
 
