@@ -27,7 +27,9 @@ The model checks itself: at each sync the trainer idle the last cycle measured (
 the hybrids lent, deactivation, offload/onload, collection waits) is compared with what the decision
 predicted, and the moving average of the error (one per decision kind: stay, activate) corrects the next
 comparisons; a model whose switches measured worse than predicted falls back to static behaviour, and
-re-measures one switch every RETRY_EVERY cycles kept asleep only by that correction. It never activates
+re-measures one switch every RETRY_EVERY cycles kept asleep only by that correction; symmetrically, after
+FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays asleep once, so the static prediction is
+measured too. It never activates
 when the queue already holds the planned X (no window to fill).
 
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
@@ -61,7 +63,12 @@ BIAS_EWMA = 0.3
 idle predicted), one for cycles it stayed asleep, one for cycles it activated."""
 RETRY_EVERY = 16
 """When only the measured error keeps the hybrids asleep, activate once per this many cycles anyway, so
-an error measured in other conditions (the workload drifts) is measured again."""
+an error measured in other conditions (the workload drifts) is measured again. The same holds the other
+way: after this many activations in a row, one cycle stays asleep, so the static prediction it compares
+against is measured too."""
+FIRST_STAY_AFTER = 4
+"""Activations in a row after which the first cycle stays asleep to measure the static cycle, while no
+static cycle has been measured (a static prediction never checked can keep a useless switch going)."""
 
 
 def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float) -> float:
@@ -108,6 +115,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.idle_bias_cycles = {"stay": 0, "activate": 0}
         self.stays_by_bias = 0
         """Consecutive cycles kept asleep only by the measured error (the uncorrected model said activate)."""
+        self.activations_in_row = 0
+        """Consecutive cycles the policy activated (a stay to measure the static cycle resets it)."""
         self.last_decision: dict[str, Any] = {}
 
     def should_deactivate(
@@ -175,6 +184,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                 activate, why = True, f"re-measuring: {RETRY_EVERY} cycles kept asleep by the measured error"
         if activate:
             self.stays_by_bias = 0
+            self.activations_in_row += 1
+            limit = RETRY_EVERY if self.idle_bias_cycles["stay"] else FIRST_STAY_AFTER
+            if self.activations_in_row > limit:
+                activate, why = False, f"re-measuring the static cycle: {limit} activations in a row"
+        if not activate:
+            self.activations_in_row = 0
         self.predicted_activate = activate
         self.predicted_idle_s = dynamic_idle if activate else static_idle
         self.planned_wait_samples = wait if activate else 0

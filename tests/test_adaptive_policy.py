@@ -8,7 +8,7 @@ import pytest
 
 from core.measure import RateMeter
 from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
-from policies.adaptive_policy import cycle_idle_s
+from policies.adaptive_policy import FIRST_STAY_AFTER, RETRY_EVERY, cycle_idle_s
 
 
 def make_ctx(
@@ -274,6 +274,35 @@ def test_kept_asleep_only_by_the_measured_error_it_activates_once_in_a_while_to_
         policy.predicted_idle_s = -1.0  # no cycle measured in between: the bias stays
     assert decisions.count(True) == 2
     assert decisions.index(True) == 15
+
+
+def test_after_activating_every_cycle_it_stays_asleep_once_to_measure_the_static_cycle():
+    policy = make_adaptive()
+    for step in range(1, FIRST_STAY_AFTER + 1):
+        assert policy.should_activate_after_step(4 * step, False, production_bound()) is True
+        policy.predicted_idle_s = -1.0  # no cycle measured in between
+    # No static cycle measured yet: an early check.
+    assert policy.should_activate_after_step(100, False, production_bound()) is False
+    assert "re-measuring the static cycle" in policy.last_decision["why"]
+    policy.predicted_idle_s = -1.0
+    policy.idle_bias_cycles["stay"] = 1  # once a static cycle has been measured, only every RETRY_EVERY
+    later = []
+    for step in range(30, 70):
+        later.append(policy.should_activate_after_step(4 * step, False, production_bound()))
+        policy.predicted_idle_s = -1.0
+    assert later.index(False) == RETRY_EVERY
+
+
+def test_a_static_cycle_measured_far_better_than_predicted_stops_useless_activations():
+    policy = make_adaptive()
+    for step in range(1, FIRST_STAY_AFTER + 1):
+        assert policy.should_activate_after_step(4 * step, False, production_bound()) is True
+        policy.predicted_idle_s = -1.0
+    assert policy.should_activate_after_step(40, False, production_bound()) is False  # the check
+    ctx = production_bound()
+    ctx.step_wait_times = [0.0, 0.0, 0.0, 0.0]  # the static cycle did not wait at all
+    assert policy.should_activate_after_step(44, False, ctx) is False
+    assert policy.last_decision["idle_bias_s"]["stay"] < 0
 
 
 def test_a_queue_that_already_holds_the_planned_wait_never_activates_whatever_the_measured_error():
