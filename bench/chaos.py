@@ -1,0 +1,127 @@
+"""Random faults against a real sim run: does every run finish, with nothing lost or trained twice?
+
+Where it sits: a bench over `services.launcher.Job` (every service its own process, an embedded
+redis-server), as `dynsched run` runs it. Each trial starts `configs/sim_small.yaml` (hybrids switching
+every cycle, `fixed_ratio`), waits a random number of micro-steps, then SIGKILLs a random set of services
+(controller, trainer, rollouter, load balancer, any rollout worker, Redis itself) at a random moment,
+once or twice; the launcher must restart them and the run must end DONE with `lost` 0 and `duplicated`
+0 and every fed sample trained. A trial that does not finish within `--timeout-s` is a failure, reported
+with its seed and the tail of each service log, so it can be replayed (`--seed`).
+
+The fault tests (tests/test_faults_*.py) each pin one injection; this draws many, including the ones
+nobody wrote a test for (a kill during a weight sync, during a switch, two services at once).
+
+Run: ``python -m bench.chaos [--trials 10] [--seed 0] [--time-scale 0.02] [--samples 256] [--out FILE]``
+(~1 minute per trial on a quiet machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import write_result
+from services import launcher
+from services.launcher import DUPLICATED, LOST
+from shared.names import AccountingField, RunStatus
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+REDIS = "redis"
+"""The embedded Redis server as a fault target (its process belongs to the launcher, not to `procs`)."""
+
+
+def trial_config(directory: Path, *, seed: int, time_scale: float, samples: int) -> Path:
+    data: dict[str, Any] = yaml.safe_load((PROJECT_ROOT / "configs" / "sim_small.yaml").read_text())
+    data["run"].update(time_scale=time_scale, namespace=f"chaos{seed}_{time.monotonic_ns()}", admin_port=0)
+    data["data"]["total_rollout_steps"] = samples
+    data["async_training"]["dynamic_schedule_policy"] = "fixed_ratio"
+    path = directory / "chaos.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def kill(job: launcher.Job, target: str) -> None:
+    if target == REDIS:
+        if job.embedded is not None and job.embedded.proc is not None:
+            job.embedded.proc.kill()
+        return
+    proc = job.procs.get(target)
+    if proc is not None and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+
+
+def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float) -> dict[str, Any]:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
+        directory = Path(tmp)
+        config = trial_config(directory, seed=seed, time_scale=time_scale, samples=samples)
+        total = None
+        faults: list[dict[str, Any]] = []
+        started = time.monotonic()
+        with launcher.Job(config_path=config, out_dir=directory / "run") as job:
+            total = launcher.total_micro_steps(job.config)
+            targets = [*sorted(job.procs), REDIS]
+            plan = sorted(rng.sample(range(1, max(2, total - 1)), k=min(2, max(1, total - 2))))
+            status = None
+            for at_step in plan:
+                while job.completed_micro_steps() < at_step and time.monotonic() - started < timeout_s:
+                    if job.poll() not in (None, RunStatus.RUNNING):
+                        break
+                    time.sleep(0.05)
+                time.sleep(rng.uniform(0.0, 1.0))  # somewhere inside the micro-step, the sync or a switch
+                victims = rng.sample(targets, k=rng.choice((1, 1, 2)))
+                for victim in victims:
+                    kill(job, victim)
+                faults.append({"after_micro_step": job.completed_micro_steps(), "killed": victims})
+            while time.monotonic() - started < timeout_s:
+                status = job.poll()
+                if status is not None and status is not RunStatus.RUNNING:
+                    break
+                time.sleep(0.2)
+            elapsed_s = time.monotonic() - started
+            summary = job.summary(wall_time_s=elapsed_s, admin={}) if status is RunStatus.DONE else {}
+            logs = {} if status is RunStatus.DONE else {
+                name: launcher.log_tail(directory / "run" / "logs" / f"{name}.log") for name in job.procs}
+        counts = summary.get("samples", {})
+        ok = (status is RunStatus.DONE and counts.get(LOST) == 0 and counts.get(DUPLICATED) == 0
+              and counts.get(AccountingField.FED) == samples)
+        return {"seed": seed, "ok": ok, "status": str(status), "faults": faults,
+                "wall_s": round(elapsed_s, 1), "micro_steps": total, "samples": counts,
+                "restarts": summary.get("restarts"), "logs": logs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0, help="first trial's seed (trial k uses seed + k)")
+    parser.add_argument("--time-scale", type=float, default=0.02)
+    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--timeout-s", type=float, default=240.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    results = []
+    for k in range(args.trials):
+        result = run_trial(args.seed + k, time_scale=args.time_scale, samples=args.samples,
+                           timeout_s=args.timeout_s)
+        results.append(result)
+        print(f"seed {result['seed']}: {'ok  ' if result['ok'] else 'FAIL'} {result['status']} "
+              f"{result['wall_s']:6.1f}s faults {result['faults']} samples {result['samples']}", flush=True)
+        for name, tail in result["logs"].items():
+            print(f"--- {name}\n{tail}")
+    failed = [r["seed"] for r in results if not r["ok"]]
+    print(f"{len(results) - len(failed)} of {len(results)} trials finished with nothing lost; "
+          f"failed seeds: {failed}")
+    write_result(args.out, {"trials": results})
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
