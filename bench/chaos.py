@@ -4,14 +4,16 @@ Where it sits: a bench over `services.launcher.Job` (every service its own proce
 redis-server), as `dynsched run` runs it. Each trial starts `configs/sim_small.yaml` (hybrids switching
 every cycle, `fixed_ratio`), waits a random number of micro-steps, then SIGKILLs a random set of services
 (controller, trainer, rollouter, load balancer, any rollout worker, Redis itself) at a random moment,
-once or twice; the launcher must restart them and the run must end DONE with `lost` 0 and `duplicated`
+once or twice (or, with `--hang-share`, SIGSTOPs some of them: hung, neither exiting nor answering);
+the launcher must restart them and the run must end DONE with `lost` 0 and `duplicated`
 0 and every fed sample trained. A trial that does not finish within `--timeout-s` is a failure, reported
 with its seed and the tail of each service log, so it can be replayed (`--seed`).
 
 The fault tests (tests/test_faults_*.py) each pin one injection; this draws many, including the ones
 nobody wrote a test for (a kill during a weight sync, during a switch, two services at once).
 
-Run: ``python -m bench.chaos [--trials 10] [--seed 0] [--time-scale 0.02] [--samples 256] [--out FILE]``
+Run: ``python -m bench.chaos [--trials 10] [--seed 0] [--time-scale 0.02] [--samples 256] [--hang-share 0.5]
+[--out FILE]``
 (~1 minute per trial on a quiet machine).
 """
 
@@ -48,17 +50,19 @@ def trial_config(directory: Path, *, seed: int, time_scale: float, samples: int)
     return path
 
 
-def kill(job: launcher.Job, target: str) -> None:
+def inject(job: launcher.Job, target: str, fault: str) -> None:
+    """SIGKILL (`kill`) or SIGSTOP (`hang`: a process that neither exits nor answers) one target."""
     if target == REDIS:
         if job.embedded is not None and job.embedded.proc is not None:
             job.embedded.proc.kill()
         return
     proc = job.procs.get(target)
     if proc is not None and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGSTOP if fault == "hang" else signal.SIGKILL)
 
 
-def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float) -> dict[str, Any]:
+def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
+              hang_share: float = 0.0) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
         directory = Path(tmp)
@@ -79,8 +83,9 @@ def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float) -
                 time.sleep(rng.uniform(0.0, 1.0))  # somewhere inside the micro-step, the sync or a switch
                 victims = rng.sample(targets, k=rng.choice((1, 1, 2)))
                 for victim in victims:
-                    kill(job, victim)
-                faults.append({"after_micro_step": job.completed_micro_steps(), "killed": victims})
+                    fault = "hang" if victim != REDIS and rng.random() < hang_share else "kill"
+                    inject(job, victim, fault)
+                    faults.append({"after_micro_step": job.completed_micro_steps(), fault: victim})
             while time.monotonic() - started < timeout_s:
                 status = job.poll()
                 if status is not None and status is not RunStatus.RUNNING:
@@ -105,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=0.02)
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--timeout-s", type=float, default=240.0)
+    parser.add_argument("--hang-share", type=float, default=0.0,
+                        help="share of faults that SIGSTOP a service instead of killing it (not Redis)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     results = []
     for k in range(args.trials):
         result = run_trial(args.seed + k, time_scale=args.time_scale, samples=args.samples,
-                           timeout_s=args.timeout_s)
+                           timeout_s=args.timeout_s, hang_share=args.hang_share)
         results.append(result)
         print(f"seed {result['seed']}: {'ok  ' if result['ok'] else 'FAIL'} {result['status']} "
               f"{result['wall_s']:6.1f}s faults {result['faults']} samples {result['samples']}", flush=True)
