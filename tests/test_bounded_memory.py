@@ -4,7 +4,6 @@ retention 0 the MessageQueue and the command streams hold nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -20,53 +19,45 @@ from tests.stack import Stack, sim_config
 STREAM = "t:mq"
 
 
-@pytest.fixture
-async def r(redis_server: RedisServer) -> AsyncIterator[aredis.Redis]:
-    client = connect(redis_server.url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
 async def ids(r: aredis.Redis) -> list[bytes]:
     return [entry_id for entry_id, _ in await r.xrange(STREAM)]
 
 
-async def test_trimming_keeps_every_entry_a_group_has_pending_or_not_yet_read(r: aredis.Redis) -> None:
-    written = await xadd_many(r, STREAM, ({b"i": str(i)} for i in range(10)))
+async def test_trimming_keeps_every_entry_a_group_has_pending_or_not_yet_read(
+        redis_client: aredis.Redis) -> None:
+    written = await xadd_many(redis_client, STREAM, ({b"i": str(i)} for i in range(10)))
     for group in ("fast", "slow"):
-        await ensure_group(r, STREAM, group)
-    fast = StreamConsumer(r, stream=STREAM, group="fast", consumer="f", retention_s=0)
-    slow = StreamConsumer(r, stream=STREAM, group="slow", consumer="s", retention_s=0)
+        await ensure_group(redis_client, STREAM, group)
+    fast = StreamConsumer(redis_client, stream=STREAM, group="fast", consumer="f", retention_s=0)
+    slow = StreamConsumer(redis_client, stream=STREAM, group="slow", consumer="s", retention_s=0)
     await fast.ack(e.entry_id for e in await fast.read(10, block_ms=0))  # fast: all 10 acked
     taken = await slow.read(6, block_ms=0)  # slow: 0..5 delivered
     await slow.ack(e.entry_id for e in taken[:2] + taken[3:])  # 2 still pending
-    assert await trim_acked(r, STREAM, retention_s=0) == 2
-    assert await ids(r) == written[2:], "slow's pending entry 2 and unread 6..9 stay"
+    assert await trim_acked(redis_client, STREAM, retention_s=0) == 2
+    assert await ids(redis_client) == written[2:], "slow's pending entry 2 and unread 6..9 stay"
     await slow.ack([taken[2].entry_id])
-    assert await trim_acked(r, STREAM, retention_s=0) == 4
-    assert await ids(r) == written[6:]
-    assert await trim_acked(r, STREAM, retention_s=3600) == 0, "younger than the retention: kept"
+    assert await trim_acked(redis_client, STREAM, retention_s=0) == 4
+    assert await ids(redis_client) == written[6:]
+    assert await trim_acked(redis_client, STREAM, retention_s=3600) == 0, "younger than the retention: kept"
     await fast.aclose()
     await slow.aclose()
 
 
-async def test_a_stream_without_groups_or_without_entries_is_left_alone(r: aredis.Redis) -> None:
-    assert await trim_acked(r, STREAM, retention_s=0) == 0
-    await r.xadd(STREAM, {"i": "0"})
-    assert await trim_acked(r, STREAM, retention_s=0) == 0
-    assert await r.xlen(STREAM) == 1
+async def test_a_stream_without_groups_or_without_entries_is_left_alone(redis_client: aredis.Redis) -> None:
+    assert await trim_acked(redis_client, STREAM, retention_s=0) == 0
+    await redis_client.xadd(STREAM, {"i": "0"})
+    assert await trim_acked(redis_client, STREAM, retention_s=0) == 0
+    assert await redis_client.xlen(STREAM) == 1
 
 
-async def test_a_dead_letter_keeps_a_capped_copy_in_a_capped_stream(r: aredis.Redis) -> None:
+async def test_a_dead_letter_keeps_a_capped_copy_in_a_capped_stream(redis_client: aredis.Redis) -> None:
     big = b"x" * (DEAD_LETTER_FIELD_MAX_BYTES * 4)
-    await xadd_many(r, STREAM, ({b"i": str(i), b"payload": big} for i in range(300)))
-    consumer = StreamConsumer(r, stream=STREAM, group="g", consumer="c", dead_letter_maxlen=100)
+    await xadd_many(redis_client, STREAM, ({b"i": str(i), b"payload": big} for i in range(300)))
+    consumer = StreamConsumer(redis_client, stream=STREAM, group="g", consumer="c", dead_letter_maxlen=100)
     await consumer.start()
     for entry in await consumer.read(300, block_ms=0):
         await consumer.dead_letter(entry, reason="test")
-    rows: Any = await r.xrange(consumer.dead_letter_stream)
+    rows: Any = await redis_client.xrange(consumer.dead_letter_stream)
     assert 100 <= len(rows) < 300, "MAXLEN ~ 100 keeps about the newest 100"
     _, last = rows[-1]
     assert last[b"i"] == b"299" and len(last[b"payload"]) == DEAD_LETTER_FIELD_MAX_BYTES
@@ -88,7 +79,7 @@ async def test_after_a_run_the_message_queue_and_command_streams_hold_no_more_th
         await stack.close()  # a clean stop trims a last time
     streams = [names.mq, names.lb_commands, names.rollouter_commands, names.trainer_commands,
                names.lb_requests, names.lb_results, names.rollouter_results,
-               *(names.worker_commands(r) for r in config.standalone_ids + config.hybrid_ids)]
+               *(names.worker_commands(replica) for replica in config.standalone_ids + config.hybrid_ids)]
     client = connect(redis_server.url)
     try:
         lengths = {stream: await client.xlen(stream) for stream in streams}
