@@ -1,19 +1,31 @@
 """Bounded memory (real Redis): readers trim what every group has acked (XTRIM MINID), never an
 entry still pending or not yet read; dead letters keep a capped copy; after a whole sim run with
-retention 0 the MessageQueue and the command streams hold nothing."""
+retention 0 the MessageQueue and the command streams hold nothing. The streams no group reads
+(audit, metrics, acks) are capped by length, and the launcher's export of audit and metrics keeps
+every entry the cap trims."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aredis
+import yaml
 
+from services import launcher
 from services.launcher import LOST
-from shared.names import DEAD_LETTER_FIELD_MAX_BYTES, AccountingField
+from services.run_outputs import run_exports
+from shared.bus import Bus
+from shared.names import DEAD_LETTER_FIELD_MAX_BYTES, AccountingField, Names
+from shared.redis_client import connect_sync
+from shared.schema import AuditEvent, CommandAck, CycleMetrics
 from shared.stream_groups import trim_acked
 from shared.streams import StreamConsumer, connect, ensure_group, xadd_many
+from shared.vocab import AuditKind
 from tests.conftest import RedisServer
+from tests.live_run import live_config
 from tests.stack import Stack, sim_config
 
 STREAM = "t:mq"
@@ -87,3 +99,82 @@ async def test_after_a_run_the_message_queue_and_command_streams_hold_no_more_th
         await client.aclose()
     assert counts[AccountingField.TRAINED] == 64 and counts[LOST] == 0
     assert lengths == dict.fromkeys(streams, 0)
+
+
+def audit_event(i: int) -> AuditEvent:
+    return AuditEvent(kind=AuditKind.DECISION, subject="controller", t=float(i), detail=str(i))
+
+
+async def test_the_streams_no_group_reads_are_capped_at_event_maxlen_and_grouped_ones_are_not(
+        redis_client: aredis.Redis) -> None:
+    names = Names("cap")
+    bus = Bus(redis_client, names, event_maxlen=1000)
+    ack = CommandAck(command_id="c", sender="s", ok=True)
+    metrics = CycleMetrics(version=1, global_steps=1, t=0.0)
+    for start in range(0, 3000, 500):
+        await bus.publish_many([(stream, message) for stream, message in
+                                ((names.audit, audit_event(start)), (names.controller_acks, ack),
+                                 (names.metrics, metrics), (names.trainer_replies, ack)) for _ in range(500)])
+    await bus.record(audit_event(3000))
+    for stream in (names.audit, names.controller_acks, names.metrics):
+        assert 1000 <= await redis_client.xlen(stream) < 1200, "MAXLEN ~ 1000 keeps about the newest 1000"
+    assert await redis_client.xlen(names.trainer_replies) == 3000, "a grouped stream is trimmed by acks only"
+    with pytest.raises(ValueError, match="event_maxlen must be >= 1, got 0"):
+        Bus(redis_client, names, event_maxlen=0)
+
+
+async def test_an_export_drained_as_the_stream_grows_keeps_every_entry_a_cap_trims(
+        redis_server: RedisServer, redis_client: aredis.Redis, tmp_path: Path) -> None:
+    launcher_client = connect_sync(redis_server.url)  # the launcher's (synchronous) client
+    names = Names("exp")
+    bus = Bus(redis_client, names, event_maxlen=1000)
+    export = run_exports(names, tmp_path)["audit"]
+    assert export.drain(launcher_client) == 0, "no stream yet: nothing to write"
+    for start in range(0, 4800, 400):  # the launcher drains at each poll, well before 1000 more come
+        await bus.publish_many([(names.audit, audit_event(i)) for i in range(start, start + 400)])
+        export.drain(launcher_client)
+    await bus.publish(names.metrics, CycleMetrics(version=1, global_steps=1, t=0.0))
+    await bus.publish(names.audit, CycleMetrics(version=1, global_steps=1, t=0.0))  # not an audit row
+    assert export.drain(launcher_client) == 4800 and export.missed == 0
+    assert await redis_client.xlen(names.audit) < 1200
+    rows = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [row["detail"] for row in rows] == [str(i) for i in range(4800)], "every entry once, in order"
+    launcher_client.close()
+
+
+async def test_entries_trimmed_before_a_drain_reached_them_are_counted_as_missed(
+        redis_server: RedisServer, redis_client: aredis.Redis, tmp_path: Path) -> None:
+    launcher_client = connect_sync(redis_server.url)  # the launcher's (synchronous) client
+    names = Names("miss")
+    bus = Bus(redis_client, names, event_maxlen=1000)
+    export = run_exports(names, tmp_path)["audit"]
+    await bus.publish_many([(names.audit, audit_event(i)) for i in range(500)])
+    assert export.drain(launcher_client) == 500
+    await bus.publish_many([(names.audit, audit_event(i)) for i in range(500, 3000)])
+    length = await redis_client.xlen(names.audit)
+    assert export.drain(launcher_client) == 500 + length
+    assert export.missed == 3000 - 500 - length > 0, "exactly the entries trimmed unread"
+    await bus.publish_many([(names.audit, audit_event(i)) for i in range(3000, 3100)])
+    assert export.drain(launcher_client) == 600 + length and export.missed == 3000 - 500 - length
+    launcher_client.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_run_whose_audit_outgrows_the_cap_still_exports_every_event_to_audit_jsonl(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    config = live_config(tmp_path, time_scale=0.005, total_rollout_steps=320,
+                         run={"event_stream_maxlen": 1000})
+    data = yaml.safe_load(config.read_text())  # a version every 8 prompts: ~1,600 audit events
+    data["trainer"]["ppo_mini_batch_size"] = 4
+    data["async_training"]["trigger_parameter_sync_step"] = 2
+    config.write_text(yaml.safe_dump(data))
+    summary = launcher.run_job(config, tmp_path / "out", redis_server.url, progress=False, timeout_s=240)
+    with connect_sync(redis_server.url) as client:
+        names = Names(summary["namespace"])
+        audit: Any = client.xinfo_stream(names.audit)
+        lengths = [client.xlen(stream) for stream in (names.audit, names.metrics, names.controller_acks)]
+    rows = (tmp_path / "out" / "audit.jsonl").read_text().splitlines()
+    assert audit["entries-added"] > audit["length"], "the cap trimmed the stream"
+    assert len(rows) == summary["num_audit_events"] == audit["entries-added"], "audit.jsonl has every event"
+    assert "trimmed_before_export" not in summary and max(lengths) < 1200
