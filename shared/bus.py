@@ -31,8 +31,6 @@ class Bus:
     def __init__(self, redis: aredis.Redis, names: Names, *, retention_s: float | None = STREAM_RETENTION_S,
                  dead_letter_maxlen: int = DEAD_LETTER_MAXLEN,
                  event_maxlen: int = EVENT_STREAM_MAXLEN) -> None:
-        if event_maxlen < 1:
-            raise ValueError(f"event_maxlen must be >= 1, got {event_maxlen}")
         self.redis = redis
         self.names = names
         self.retention_s = retention_s

@@ -7,16 +7,18 @@ every entry the cap trims."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aredis
 import yaml
 
 from services import launcher
 from services.launcher import LOST
-from services.run_outputs import run_exports
+from services.run_outputs import StreamExport, run_exports
 from shared.bus import Bus
 from shared.names import DEAD_LETTER_FIELD_MAX_BYTES, AccountingField, Names
 from shared.redis_client import connect_sync
@@ -119,16 +121,25 @@ async def test_the_streams_no_group_reads_are_capped_at_event_maxlen_and_grouped
     for stream in (names.audit, names.controller_acks, names.metrics):
         assert 1000 <= await redis_client.xlen(stream) < 1200, "MAXLEN ~ 1000 keeps about the newest 1000"
     assert await redis_client.xlen(names.trainer_replies) == 3000, "a grouped stream is trimmed by acks only"
-    with pytest.raises(ValueError, match="event_maxlen must be >= 1, got 0"):
-        Bus(redis_client, names, event_maxlen=0)
+
+
+@pytest.fixture
+def launcher_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """The launcher's (synchronous) client: the one that drains the exports."""
+    client = connect_sync(redis_server.url)
+    yield client
+    client.close()
+
+
+def capped_audit(redis_client: aredis.Redis, tmp_path: Path) -> tuple[Names, Bus, StreamExport]:
+    """A bus capping the streams no group reads at about 1,000 entries, and the launcher's audit export."""
+    names = Names("cap")
+    return names, Bus(redis_client, names, event_maxlen=1000), run_exports(names, tmp_path)["audit"]
 
 
 async def test_an_export_drained_as_the_stream_grows_keeps_every_entry_a_cap_trims(
-        redis_server: RedisServer, redis_client: aredis.Redis, tmp_path: Path) -> None:
-    launcher_client = connect_sync(redis_server.url)  # the launcher's (synchronous) client
-    names = Names("exp")
-    bus = Bus(redis_client, names, event_maxlen=1000)
-    export = run_exports(names, tmp_path)["audit"]
+        launcher_client: redis.Redis, redis_client: aredis.Redis, tmp_path: Path) -> None:
+    names, bus, export = capped_audit(redis_client, tmp_path)
     assert export.drain(launcher_client) == 0, "no stream yet: nothing to write"
     for start in range(0, 4800, 400):  # the launcher drains at each poll, well before 1000 more come
         await bus.publish_many([(names.audit, audit_event(i)) for i in range(start, start + 400)])
@@ -139,15 +150,11 @@ async def test_an_export_drained_as_the_stream_grows_keeps_every_entry_a_cap_tri
     assert await redis_client.xlen(names.audit) < 1200
     rows = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [row["detail"] for row in rows] == [str(i) for i in range(4800)], "every entry once, in order"
-    launcher_client.close()
 
 
 async def test_entries_trimmed_before_a_drain_reached_them_are_counted_as_missed(
-        redis_server: RedisServer, redis_client: aredis.Redis, tmp_path: Path) -> None:
-    launcher_client = connect_sync(redis_server.url)  # the launcher's (synchronous) client
-    names = Names("miss")
-    bus = Bus(redis_client, names, event_maxlen=1000)
-    export = run_exports(names, tmp_path)["audit"]
+        launcher_client: redis.Redis, redis_client: aredis.Redis, tmp_path: Path) -> None:
+    names, bus, export = capped_audit(redis_client, tmp_path)
     await bus.publish_many([(names.audit, audit_event(i)) for i in range(500)])
     assert export.drain(launcher_client) == 500
     await bus.publish_many([(names.audit, audit_event(i)) for i in range(500, 3000)])
@@ -156,7 +163,6 @@ async def test_entries_trimmed_before_a_drain_reached_them_are_counted_as_missed
     assert export.missed == 3000 - 500 - length > 0, "exactly the entries trimmed unread"
     await bus.publish_many([(names.audit, audit_event(i)) for i in range(3000, 3100)])
     assert export.drain(launcher_client) == 600 + length and export.missed == 3000 - 500 - length
-    launcher_client.close()
 
 
 @pytest.mark.e2e
