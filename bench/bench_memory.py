@@ -7,9 +7,9 @@ longer than the run), and samples Redis's `INFO memory` each time another 1,000 
 With trimming, memory stays flat after the first thousand (what grows is the per-sample state hash,
 a few dozen bytes a sample); without it, it grows with every sample. The streams no group reads
 (audit, metrics, controller:acks) are capped by length instead (`run.event_stream_maxlen`, 20,000
-by default) and stay below it here: sim_small wrote 718 audit events for 1,024 prompts (time_scale
-0.005, the fixed_ratio policy switching every cycle, `tests/live_run.live_config`), so some 3,500
-for the default 5,000 prompts, and one `metrics` entry per weight version (64 prompts).
+by default) and stay below it here: a 1,024-prompt `launcher.run_job` of sim_small at time_scale
+0.005 left 718 audit entries, 16 metrics entries (one per weight version) and 488 acks, so some
+3,500 audit entries for the default 5,000 prompts.
 
 Run: ``python -m bench.bench_memory --out runs/bench_memory.json`` (about 3 minutes here).
 """
