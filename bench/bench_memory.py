@@ -5,7 +5,11 @@ service its own process, the launcher's own Redis) for `--samples` prompts, once
 `run.stream_retention_s = --retention-s` and once with trimming pushed out of reach (a retention
 longer than the run), and samples Redis's `INFO memory` each time another 1,000 samples are trained.
 With trimming, memory stays flat after the first thousand (what grows is the per-sample state hash,
-a few dozen bytes a sample); without it, it grows with every sample.
+a few dozen bytes a sample); without it, it grows with every sample. The streams no group reads
+(audit, metrics, controller:acks) are capped by length instead (`run.event_stream_maxlen`, 20,000
+by default) and stay below it here: a 1,024-prompt `launcher.run_job` of sim_small at time_scale
+0.005 left 718 audit entries, 16 metrics entries (one per weight version) and 488 acks, so some
+3,500 audit entries for the default 5,000 prompts.
 
 Run: ``python -m bench.bench_memory --out runs/bench_memory.json`` (about 3 minutes here).
 """

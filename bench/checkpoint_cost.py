@@ -12,46 +12,30 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from rl.model import ModelConfig, init_model, save_pretrained
-from services.trainer.torch_backend import GRPOConfig, TorchGRPOTrainer
+from bench.torch_toy import ToySample, ToyTrajectory, toy_trainer
+from rl.model import ModelConfig
 
 SAVES = 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Trajectory:
-    response_token_ids: list[int]
-    response_logprobs: list[float]
-    reward: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Sample:
-    prompt_token_ids: list[int]
-    trajectories: list[_Trajectory] = field(default_factory=list)
 
 
 def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        save_pretrained(init_model(ModelConfig(), seed=0), tmp / "model")
-        trainer = TorchGRPOTrainer(GRPOConfig(model_path=str(tmp / "model"), weights_root=str(tmp / "w"),
-                                              checkpoint_dir=str(tmp / "c"), device="cpu"))
-        trajectories = [_Trajectory(response_token_ids=[7 + i % 3, 8], response_logprobs=[-1.0, -1.0],
-                                    reward=float(i % 2)) for i in range(8)]
-        trainer.train_micro_step([_Sample(prompt_token_ids=[1, 2, 3, 4, 5, 6], trajectories=trajectories)])
+        trainer = toy_trainer(tmp, ModelConfig())
+        trajectories = [ToyTrajectory(response_token_ids=[7 + i % 3, 8], response_logprobs=[-1.0, -1.0],
+                                      reward=float(i % 2)) for i in range(8)]
+        trainer.train_micro_step([ToySample(prompt_token_ids=[1, 2, 3, 4, 5, 6], trajectories=trajectories)])
         times = []
         for global_steps in range(2, 2 + SAVES):
             started = time.perf_counter()
             name = trainer.save_checkpoint(0, global_steps)
             times.append(time.perf_counter() - started)
-        size = (tmp / "c" / name).stat().st_size
+        size = (tmp / "ckpt" / name).stat().st_size
     params = sum(p.numel() for p in trainer.model.parameters())
     print(f"params={params} checkpoint={size / 1e6:.1f} MB "
           f"save median={statistics.median(times) * 1e3:.1f} ms max={max(times) * 1e3:.1f} ms (n={SAVES})")

@@ -10,11 +10,13 @@ the controller's admin API. A run, in order:
      never flushed) unless `fresh` deletes exactly those keys.
   3. `run_state.status = running`; one subprocess per service (per rollout replica),
      stdout/stderr in `OUT/logs/<name>.log`.
-  4. Watch: progress from `trainer_state.global_steps`; a child exiting non-zero is restarted
-     with a backoff (services/restarts.py); past `run.max_restarts_per_minute` the run is marked
-     failed, everything stops and `ServiceCrashed` names the service and its log.
+  4. Watch: progress from `trainer_state.global_steps`; the audit and metrics streams (capped at
+     `run.event_stream_maxlen`) appended to `audit.jsonl` and `metrics.jsonl` at each poll; a
+     child exiting non-zero is restarted with a backoff (services/restarts.py); past
+     `run.max_restarts_per_minute` the run is marked failed, everything stops and
+     `ServiceCrashed` names the service and its log.
   5. At `status == done`: `GET /status` once, stop every child (SIGTERM, then SIGKILL),
-     write `metrics.jsonl`, `audit.jsonl`, `summary.json` (services/run_outputs.py); stop
+     finish `metrics.jsonl`, `audit.jsonl`, write `summary.json` (services/run_outputs.py); stop
      the embedded Redis. A run that fails writes them too, with what it knows: from Redis, or,
      when Redis stays unreachable, from the last state the launcher read (never a traceback).
 """
@@ -41,8 +43,8 @@ from services.progress import Progress
 from services.restarts import WINDOW_S, RestartBudget
 from services.run_outputs import DUPLICATED as DUPLICATED
 from services.run_outputs import LOST as LOST
+from services.run_outputs import StreamExport, fetch_admin_status, read_hash, run_exports, write_outputs
 from services.run_outputs import admin_address as admin_address
-from services.run_outputs import fetch_admin_status, read_hash, write_outputs
 from services.run_outputs import read_stream as read_stream
 from services.run_outputs import sample_counts as sample_counts
 from shared.bus import text
@@ -167,6 +169,8 @@ class Job:
         """The hashes as last read from Redis: the summary of a run whose Redis is gone."""
         self._known_at_s = float("-inf")
         self._owns_namespace = False
+        self.exports: dict[str, StreamExport] | None = None
+        """metrics.jsonl and audit.jsonl, appended at each `poll` (the streams are capped)."""
         self._started_s = time.monotonic()
 
     def __enter__(self) -> Job:
@@ -178,6 +182,7 @@ class Job:
                                        on_failure=self.embedded.ensure_running if self.embedded else None)
             claim_namespace(self.client, self.names, fresh=self.fresh)
             self._owns_namespace = True
+            self.exports = run_exports(self.names, self.out_dir)
             self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.RUNNING,
                                                             RunStateField.STARTED_AT: time.time()})
             shutil.copyfile(self.config_path, self.out_dir / "config.yaml")
@@ -219,6 +224,8 @@ class Job:
         budget), RuntimeError when the run failed."""
         if self.embedded is not None:
             self.embedded.ensure_running()
+        for export in (self.exports or {}).values():
+            export.drain(self.redis)
         state = self.read(self.names.run_state)
         status = RunStatus(state[RunStateField.STATUS]) if RunStateField.STATUS in state else None
         if status is RunStatus.FAILED:
@@ -285,7 +292,7 @@ class Job:
             try:
                 self.fail(reason)
                 summary = self.summary(wall_time_s=self.elapsed_s, admin={})
-                write_outputs(self.redis, self.names, self.out_dir, summary)
+                write_outputs(self.redis, self.names, self.out_dir, summary, self.exports)
                 return
             except redis.RedisError as exc:
                 reason = f"{reason}; then Redis: {exc}"
@@ -350,5 +357,5 @@ def run_job(config_path: str | Path, out_dir: str | Path, redis_url: str | None 
         admin = fetch_admin_status(admin_address(job.redis, job.names))
         job.stop()
         summary = job.summary(wall_time_s=wall_time_s, admin=admin)
-        write_outputs(job.redis, job.names, job.out_dir, summary)
+        write_outputs(job.redis, job.names, job.out_dir, summary, job.exports)
     return summary

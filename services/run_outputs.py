@@ -1,6 +1,8 @@
 """What a finished (or failed) run leaves behind, read back from Redis and written to its output folder.
 
-Where it sits: `services/launcher.py` calls `write_outputs` when a run ends;
+Where it sits: `services/launcher.py` drains the audit and metrics streams into their JSONL
+files while a run goes (`StreamExport`: those streams are capped) and calls `write_outputs` when
+it ends;
 `dynsched` commands and tests read a run's hashes and streams through these
 helpers. Only Redis and the controller's admin API are read; nothing here
 starts or stops a process.
@@ -12,7 +14,7 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,15 @@ def read_hash(client: redis.Redis, key: str) -> dict[str, str]:
 def read_stream(client: redis.Redis, stream: str, *,
                 batch: int = 1000) -> Iterator[tuple[str, schema.Message]]:
     """Every entry of `stream`, decoded, oldest first; malformed entries are logged and skipped."""
-    start = "-"
+    return ((entry_id, message) for entry_id, message in _entries(client, stream, after=None, batch=batch)
+            if message is not None)
+
+
+def _entries(client: redis.Redis, stream: str, *, after: str | None,
+             batch: int = 1000) -> Iterator[tuple[str, schema.Message | None]]:
+    """The entries of `stream` after the id `after` (None: all), oldest first, decoded; None for a
+    malformed one (logged)."""
+    start = "-" if after is None else "(" + after
     while True:
         entries: Any = client.xrange(stream, min=start, max="+", count=batch)
         if not entries:
@@ -50,7 +60,68 @@ def read_stream(client: redis.Redis, stream: str, *,
                 yield text(entry_id), schema.decode(fields)
             except schema.MalformedMessage as exc:
                 log.warning("skipping malformed entry %s on %s: %s", text(entry_id), stream, exc)
+                yield text(entry_id), None
         start = "(" + text(entries[-1][0])
+
+
+Row = Callable[[str, schema.Message], dict[str, Any] | None]
+"""An entry (id, message) as a JSONL row; None leaves it out."""
+
+
+class StreamExport:
+    """One stream appended to a JSONL file as its entries come (`drain`), each entry once, in order:
+    the stream is capped (run.event_stream_maxlen), the file keeps the whole run. An entry trimmed
+    before a drain reached it is counted in `missed` (logged), from XINFO STREAM's counters: the
+    entries ever added less those still there are the entries trimmed, all older than the first
+    one there."""
+
+    def __init__(self, stream: str, path: Path, row: Row) -> None:
+        self.stream = stream
+        self.path = path
+        self.row = row
+        self.last_id: str | None = None
+        self.rows = 0
+        self.missed = 0
+        self._read = 0
+        path.write_text("")
+
+    def drain(self, client: redis.Redis) -> int:
+        """Append what was added since the last drain; the rows written so far."""
+        try:
+            info: Any = client.xinfo_stream(self.stream)
+        except redis.ResponseError:  # no such stream (yet)
+            return self.rows
+        trimmed = int(info.get("entries-added", 0)) - int(info["length"])  # 0 before Redis 7
+        if (missed := trimmed - self._read - self.missed) > 0:
+            log.warning("%d entries of %s were trimmed before %s got them (run.event_stream_maxlen)",
+                        missed, self.stream, self.path)
+            self.missed += missed
+        lines = []
+        for entry_id, message in _entries(client, self.stream, after=self.last_id):
+            self.last_id = entry_id
+            self._read += 1
+            if message is not None and (row := self.row(entry_id, message)) is not None:
+                lines.append(json.dumps(row) + "\n")
+        with self.path.open("a") as file:
+            file.write("".join(lines))
+        self.rows += len(lines)
+        return self.rows
+
+
+def run_exports(names: Names, out_dir: Path) -> dict[str, StreamExport]:
+    """`metrics.jsonl` (seed metric names as keys) and `audit.jsonl`, started empty."""
+    return {"metrics": StreamExport(names.metrics, out_dir / "metrics.jsonl", _cycle_row),
+            "audit": StreamExport(names.audit, out_dir / "audit.jsonl", _audit_row)}
+
+
+def _cycle_row(entry_id: str, m: schema.Message) -> dict[str, Any] | None:
+    if not isinstance(m, schema.CycleMetrics):
+        return None
+    return {"version": m.version, "global_steps": m.global_steps, "t": m.t, **m.metrics}
+
+
+def _audit_row(entry_id: str, e: schema.Message) -> dict[str, Any] | None:
+    return {"id": entry_id, **dataclasses.asdict(e)} if isinstance(e, schema.AuditEvent) else None
 
 
 def admin_address(client: redis.Redis, names: Names) -> str | None:
@@ -86,21 +157,15 @@ def sample_counts(accounting: dict[str, str], states: dict[str, str]) -> dict[st
     return counts
 
 
-def write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> int:
-    lines = [json.dumps(row) + "\n" for row in rows]
-    path.write_text("".join(lines))
-    return len(lines)
-
-
-def write_outputs(client: redis.Redis, names: Names, out_dir: Path, summary: dict[str, Any]) -> None:
-    """`metrics.jsonl` (seed metric names as keys), `audit.jsonl` and `summary.json` under `out_dir`."""
-    metrics = (
-        {"version": m.version, "global_steps": m.global_steps, "t": m.t, **m.metrics}
-        for _, m in read_stream(client, names.metrics) if isinstance(m, schema.CycleMetrics))
-    audit = ({"id": entry_id, **dataclasses.asdict(e)}
-             for entry_id, e in read_stream(client, names.audit) if isinstance(e, schema.AuditEvent))
-    summary["num_cycles"] = write_jsonl(out_dir / "metrics.jsonl", metrics)
-    summary["num_audit_events"] = write_jsonl(out_dir / "audit.jsonl", audit)
+def write_outputs(client: redis.Redis, names: Names, out_dir: Path, summary: dict[str, Any],
+                  exports: dict[str, StreamExport] | None = None) -> None:
+    """`metrics.jsonl`, `audit.jsonl` (the rest of `exports`, the launcher's, or the whole streams
+    when None) and `summary.json` under `out_dir`."""
+    exports = run_exports(names, out_dir) if exports is None else exports
+    summary["num_cycles"] = exports["metrics"].drain(client)
+    summary["num_audit_events"] = exports["audit"].drain(client)
+    if missed := {name: export.missed for name, export in exports.items() if export.missed}:
+        summary["trimmed_before_export"] = missed
     started_at = float(summary["started_at"]) if summary.get("started_at") else None
     summary["charts"] = [p.name for p in write_report(out_dir, started_at=started_at)]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

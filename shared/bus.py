@@ -17,7 +17,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from shared import schema
-from shared.names import DEAD_LETTER_MAXLEN, MAX_DELIVERIES, STREAM_RETENTION_S, Names
+from shared.names import DEAD_LETTER_MAXLEN, EVENT_STREAM_MAXLEN, MAX_DELIVERIES, STREAM_RETENTION_S, Names
 from shared.streams import BLOCK_MS, StreamConsumer
 
 log = logging.getLogger(__name__)
@@ -25,17 +25,26 @@ log = logging.getLogger(__name__)
 
 class Bus:
     """One Redis client plus the run's names, and how long its readers keep acked entries
-    (``retention_s``, None: forever) and how many dead letters (``dead_letter_maxlen``)."""
+    (``retention_s``, None: forever), how many dead letters (``dead_letter_maxlen``) and how many
+    entries of each stream no group reads (``event_maxlen``: audit, metrics, controller:acks)."""
 
     def __init__(self, redis: aredis.Redis, names: Names, *, retention_s: float | None = STREAM_RETENTION_S,
-                 dead_letter_maxlen: int = DEAD_LETTER_MAXLEN) -> None:
+                 dead_letter_maxlen: int = DEAD_LETTER_MAXLEN,
+                 event_maxlen: int = EVENT_STREAM_MAXLEN) -> None:
         self.redis = redis
         self.names = names
         self.retention_s = retention_s
         self.dead_letter_maxlen = dead_letter_maxlen
+        self.event_maxlen = event_maxlen
+        self._capped = frozenset((names.audit, names.metrics, names.controller_acks))
+        """Streams without a consumer group: nothing trims them by acks, so each XADD caps them."""
+
+    def _maxlen(self, stream: str) -> int | None:
+        return self.event_maxlen if stream in self._capped else None
 
     async def publish(self, stream: str, message: schema.Message) -> str:
-        entry_id = await self.redis.xadd(stream, schema.encode(message))  # type: ignore[arg-type]
+        entry_id = await self.redis.xadd(stream, schema.encode(message),  # type: ignore[arg-type]
+                                         maxlen=self._maxlen(stream), approximate=True)
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     async def publish_many(self, items: Sequence[tuple[str, schema.Message]]) -> None:
@@ -43,7 +52,8 @@ class Bus:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for stream, message in items:
-                pipe.xadd(stream, schema.encode(message))  # type: ignore[arg-type]
+                pipe.xadd(stream, schema.encode(message),  # type: ignore[arg-type]
+                          maxlen=self._maxlen(stream), approximate=True)
             await pipe.execute()
 
     async def record(self, event: schema.AuditEvent) -> None:

@@ -24,7 +24,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.config_errors import ConfigError, format_errors
-from shared.names import DEAD_LETTER_MAXLEN, REDIS_RETRY_WINDOW_S, STREAM_RETENTION_S
+from shared.names import (
+    DEAD_LETTER_MAXLEN,
+    EVENT_STREAM_MAXLEN,
+    EVENT_STREAM_MIN_MAXLEN,
+    REDIS_RETRY_WINDOW_S,
+    STREAM_RETENTION_S,
+)
 from shared.sim_config import PhysicsConfig, PublishedRow
 
 __all__ = ["Config", "ConfigError", "config_from_dict", "config_json_schema", "config_to_dict", "load_config",
@@ -96,6 +102,10 @@ class RunConfig(_Section):
     this are trimmed (XTRIM MINID below the oldest entry a group still needs)."""
     dead_letter_maxlen: Count = DEAD_LETTER_MAXLEN
     """The dead-letter stream keeps about this many newest entries (MAXLEN ~)."""
+    event_stream_maxlen: Annotated[int, Field(ge=EVENT_STREAM_MIN_MAXLEN)] = EVENT_STREAM_MAXLEN
+    """The streams no consumer group reads (audit, metrics, controller:acks) keep about this many
+    newest entries (MAXLEN ~ on each XADD); `dynsched run` exports audit and metrics to its JSONL
+    files as they come, so these hold every entry (docs/reliability.md)."""
     max_restarts_per_minute: Annotated[int, Field(ge=0)] = 5
     """`dynsched run`/`up` restart a crashed service with backoff; one more crash within a minute fails
     the run (0: never restart)."""

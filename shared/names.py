@@ -51,6 +51,12 @@ STREAM_RETENTION_S = 3600.0
 """Default of run.stream_retention_s: acked entries older than this are trimmed from grouped streams."""
 DEAD_LETTER_MAXLEN = 10_000
 """Default of run.dead_letter_maxlen: the dead-letter stream keeps about this many newest entries."""
+EVENT_STREAM_MAXLEN = 20_000
+"""Default of run.event_stream_maxlen: the streams no consumer group reads (audit, metrics,
+controller:acks) keep about this many newest entries."""
+EVENT_STREAM_MIN_MAXLEN = 1_000
+"""The least run.event_stream_maxlen: the newest cycles the dashboard draws (500) and the acks in
+flight stay in their streams."""
 DEAD_LETTER_FIELD_MAX_BYTES = 16_384
 """A dead letter keeps at most this many bytes of each field of the entry it copies."""
 

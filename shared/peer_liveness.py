@@ -20,29 +20,35 @@ from shared.names import Names
 
 async def alive(redis: aredis.Redis, names: Names, heartbeat_keys: Sequence[str]) -> list[bool]:
     """For each heartbeat key, in order: is its process alive? (one round trip)"""
-    if not heartbeat_keys:
-        return []
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.mget(list(heartbeat_keys))
-        pipe.hmget(names.unresponsive, list(heartbeat_keys))
-        beats, hung = await pipe.execute()
-    return [beat is not None and beat != stuck for beat, stuck in zip(beats, hung, strict=True)]
+    beating, _ = await _beating(redis, names, heartbeat_keys)
+    return [incarnation is not None for incarnation in beating]
 
 
 async def serving(redis: aredis.Redis, names: Names, replica_ids: Sequence[str]) -> list[bool]:
     """For each replica, in order: is its worker alive and done starting (the incarnation beating is
     the one that wrote `worker_serving`)? A worker still starting its engine is alive but needs no
     weight sync: it loads the newest weights when it starts, then replays the commands sent meanwhile."""
-    if not replica_ids:
-        return []
-    beat_keys = [names.worker_heartbeat(r) for r in replica_ids]
+    beating, started = await _beating(redis, names, [names.worker_heartbeat(r) for r in replica_ids],
+                                      also_get=[names.worker_serving(r) for r in replica_ids])
+    return [incarnation is not None and incarnation == done
+            for incarnation, done in zip(beating, started, strict=True)]
+
+
+async def _beating(redis: aredis.Redis, names: Names, heartbeat_keys: Sequence[str],
+                   also_get: Sequence[str] = ()) -> tuple[list[bytes | None], list[bytes | None]]:
+    """For each heartbeat key, in order: the incarnation beating there, None where its process is
+    gone (no beat, or the incarnation beating is marked unresponsive); and the values of the keys
+    `also_get`, read in the same round trip."""
+    if not heartbeat_keys:
+        return [], []
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.mget(beat_keys)
-        pipe.hmget(names.unresponsive, beat_keys)
-        pipe.mget([names.worker_serving(r) for r in replica_ids])
-        beats, hung, started = await pipe.execute()
-    return [beat is not None and beat != stuck and beat == done
-            for beat, stuck, done in zip(beats, hung, started, strict=True)]
+        pipe.mget(list(heartbeat_keys))
+        pipe.hmget(names.unresponsive, list(heartbeat_keys))
+        if also_get:
+            pipe.mget(list(also_get))
+        beats, hung, *also = await pipe.execute()
+    return ([beat if beat != stuck else None for beat, stuck in zip(beats, hung, strict=True)],
+            also[0] if also else [])
 
 
 async def clear_unresponsive(redis: aredis.Redis, names: Names, heartbeat_key: str) -> None:

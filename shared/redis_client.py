@@ -20,21 +20,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Self, TypeVar
 
 import redis
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import AbstractRetry
 from redis.retry import Retry as SyncRetry
 
 from shared.names import REDIS_RETRY_WINDOW_S as RETRY_WINDOW_S
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+E = TypeVar("E", bound=Exception)
 
 SOCKET_TIMEOUT_S = 10.0  # any single reply slower than this is an error
 BLOCK_MS = 2_000  # default XREADGROUP BLOCK: returns long before the socket would time out
@@ -45,118 +49,116 @@ BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
 
 
-class _Outage:
-    """The retry clock of one connection: since when its outermost call has been failing. redis-py
-    nests retries (a command's retry around a connect's retry around a health check); only the
-    outermost call starts and ends the clock, so the nested ones share its window."""
+RETRIED_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+"""What a call retries (both clients)."""
+SYNC_RETRIED_ERRORS = (*RETRIED_ERRORS, OSError)
+"""The synchronous client's also: a bare socket error (socket.timeout too), as redis-py's own sync Retry."""
 
-    def __init__(self, window_s: float) -> None:
+
+class RetryWindow:
+    """The retry policy of both clients, in one place: which errors retry (`errors`), the backoff
+    between tries, and the window: a call gives up once Redis has been failing for `window_s` since
+    its first failure. redis-py nests retries (a command's retry around a connect's retry around a
+    health check); only the outermost call starts and ends the clock, so the nested ones share its
+    window. `on_failure` runs at each failed try. One per connection: see `copy`."""
+
+    def __init__(self, window_s: float, errors: tuple[type[Exception], ...] = RETRIED_ERRORS,
+                 on_failure: Callable[[], None] | None = None) -> None:
         if window_s < 0:
             raise ValueError(f"retry window must be >= 0 s, got {window_s}")
         self.window_s = window_s
+        self.errors = errors
+        self.on_failure = on_failure
+        self.backoff = ExponentialWithJitterBackoff(base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S)
         self.since_s: float | None = None
         self.depth = 0
 
-    def enter(self) -> None:
+    def copy(self) -> RetryWindow:
+        """The same policy with an outage clock of its own (the `on_failure` hook is shared)."""
+        return RetryWindow(self.window_s, self.errors, self.on_failure)
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        """One call's tries: the outermost one's end resets the clock."""
         self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self.since_s = None
 
-    def exit(self) -> None:
-        self.depth -= 1
-        if self.depth == 0:
-            self.since_s = None
+    def succeeded(self, result: T) -> T:
+        if self.since_s is not None and self.depth == 1:
+            log.warning("Redis reachable again after %.1fs", time.monotonic() - self.since_s)
+        return result
 
-    def failed(self, error: Exception) -> float:
-        """Seconds left to retry (<= 0: give up)."""
+    def wait_s(self, error: Exception, failures: int) -> float | None:
+        """After a call's `failures`-th failed try: seconds to wait before the next one, None to give up."""
+        if self.on_failure is not None:
+            self.on_failure()
         now_s = time.monotonic()
         if self.since_s is None:
             self.since_s = now_s
             log.warning("Redis call failed (%r); retrying for up to %.0fs", error, self.window_s)
-        return self.since_s + self.window_s - now_s
-
-    def succeeded(self) -> None:
-        if self.since_s is not None and self.depth == 1:
-            log.warning("Redis reachable again after %.1fs", time.monotonic() - self.since_s)
+        left_s = self.since_s + self.window_s - now_s
+        return min(left_s, self.backoff.compute(failures)) if left_s > 0 else None
 
 
-class WindowRetry(Retry):
-    """redis-py's asyncio Retry bounded by time instead of a count (see the module docstring)."""
+class _Windowed(AbstractRetry[E]):
+    """What both retries below share: a RetryWindow, and a copy with a clock of its own per
+    connection (redis-py deep-copies the retry into each)."""
 
-    def __init__(self, window_s: float) -> None:
-        super().__init__(ExponentialWithJitterBackoff(base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S), -1,
-                         (RedisConnectionError, RedisTimeoutError))
-        self.outage = _Outage(window_s)
+    def __init__(self, window: RetryWindow) -> None:
+        super().__init__(window.backoff, -1, window.errors)  # type: ignore[arg-type]  # the Retry after us
+        self.window = window
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> WindowRetry:
-        """redis-py copies the policy into each connection: same window, an outage clock of its own."""
-        copy = WindowRetry(self.outage.window_s)
-        copy.update_supported_errors(self._supported_errors)
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        copy = type(self)(self.window.copy())
+        copy.update_supported_errors(self._supported_errors)  # what redis-py added (retry_on_error)
         return copy
+
+
+class WindowRetry(_Windowed[RedisError], Retry):
+    """redis-py's asyncio Retry bounded by a RetryWindow instead of a count."""
 
     async def call_with_retry(self, do: Callable[[], Awaitable[T]], fail: Callable[..., Any],
                               is_retryable: Callable[[Exception], bool] | None = None,
                               with_failure_count: bool = False) -> T:
-        self.outage.enter()
-        try:
-            failures = 0
+        failures = 0
+        with self.window.call():
             while True:
                 try:
-                    result = await do()
+                    return self.window.succeeded(await do())
                 except self._supported_errors as error:
                     if is_retryable and not is_retryable(error):
                         raise
                     failures += 1
                     await (fail(error, failures) if with_failure_count else fail(error))
-                    left_s = self.outage.failed(error)
-                    if left_s <= 0:
+                    if (wait_s := self.window.wait_s(error, failures)) is None:
                         raise
-                    await asyncio.sleep(min(left_s, self._backoff.compute(failures)))
-                else:
-                    self.outage.succeeded()
-                    return result
-        finally:
-            self.outage.exit()
+                    await asyncio.sleep(wait_s)
 
 
-class SyncWindowRetry(SyncRetry):
-    """The same policy for the launcher's synchronous client."""
-
-    def __init__(self, window_s: float, on_failure: Callable[[], None] | None = None) -> None:
-        super().__init__(ExponentialWithJitterBackoff(base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S), -1,
-                         (RedisConnectionError, RedisTimeoutError, OSError))
-        self.outage = _Outage(window_s)
-        self.on_failure = on_failure
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> SyncWindowRetry:
-        """As WindowRetry's; the `on_failure` hook is shared, not copied."""
-        copy = SyncWindowRetry(self.outage.window_s, self.on_failure)
-        copy.update_supported_errors(self._supported_errors)
-        return copy
+class SyncWindowRetry(_Windowed[Exception], SyncRetry):
+    """WindowRetry for the launcher's synchronous client: the same loop but for `await`."""
 
     def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
                         is_retryable: Callable[[Exception], bool] | None = None,
                         with_failure_count: bool = False) -> T:
-        self.outage.enter()
-        try:
-            failures = 0
+        failures = 0
+        with self.window.call():
             while True:
                 try:
-                    result = do()
+                    return self.window.succeeded(do())
                 except self._supported_errors as error:
                     if is_retryable and not is_retryable(error):
                         raise
                     failures += 1
                     fail(error, failures) if with_failure_count else fail(error)
-                    if self.on_failure is not None:
-                        self.on_failure()
-                    left_s = self.outage.failed(error)
-                    if left_s <= 0:
+                    if (wait_s := self.window.wait_s(error, failures)) is None:
                         raise
-                    time.sleep(min(left_s, self._backoff.compute(failures)))
-                else:
-                    self.outage.succeeded()
-                    return result
-        finally:
-            self.outage.exit()
+                    time.sleep(wait_s)
 
 
 def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S,
@@ -170,7 +172,7 @@ def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S,
         url, max_connections=MAX_CONNECTIONS, timeout=max(socket_timeout_s, retry_window_s),
         socket_timeout=socket_timeout_s, socket_connect_timeout=min(socket_timeout_s, 5.0),
         health_check_interval=health_check_interval_s, client_name=client_name,
-        retry=WindowRetry(retry_window_s), retry_on_error=[RedisConnectionError, RedisTimeoutError])
+        retry=WindowRetry(RetryWindow(retry_window_s)), retry_on_error=list(RETRIED_ERRORS))
     return aredis.Redis(connection_pool=pool)
 
 
@@ -179,16 +181,16 @@ def connect_sync(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S,
                  on_failure: Callable[[], None] | None = None) -> redis.Redis:
     """A synchronous client (the launcher's) with the same bounded retry window; `on_failure` is
     called at each failed try (the launcher restarts its own Redis there)."""
+    window = RetryWindow(retry_window_s, SYNC_RETRIED_ERRORS, on_failure)
     return redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
                                 socket_connect_timeout=min(socket_timeout_s, 5.0),
-                                retry=SyncWindowRetry(retry_window_s, on_failure),
-                                retry_on_error=[RedisConnectionError, RedisTimeoutError])
+                                retry=SyncWindowRetry(window), retry_on_error=list(RETRIED_ERRORS))
 
 
 def retry_window_s(r: aredis.Redis) -> float:
     """The retry window of a client made by `connect` (RETRY_WINDOW_S for any other client)."""
     retry = r.connection_pool.connection_kwargs.get("retry")
-    return retry.outage.window_s if isinstance(retry, WindowRetry) else RETRY_WINDOW_S
+    return retry.window.window_s if isinstance(retry, WindowRetry) else RETRY_WINDOW_S
 
 
 def dedicated_client(r: aredis.Redis) -> aredis.Redis:

@@ -147,7 +147,8 @@ def run_until_stopped(body: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, N
     """Run `body(bus, stop)` as the loop `service`, next to the loop publishing this process's
     health (shared.health); SIGTERM/SIGINT set `stop`. A failed loop exits the process with
     status 1 (promptly: see `supervise`); the Redis client is closed in `finally`. Redis calls
-    retry for `run.redis_retry_window_s`; readers trim by `run.stream_retention_s`."""
+    retry for `run.redis_retry_window_s`; readers trim by `run.stream_retention_s`; the streams no
+    group reads are capped at `run.event_stream_maxlen`."""
     from shared.health import publish_health  # health imports this module
 
     async def main() -> None:
@@ -156,7 +157,8 @@ def run_until_stopped(body: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, N
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         redis = connect(redis_url, retry_window_s=run.redis_retry_window_s)
-        bus = Bus(redis, names, retention_s=run.stream_retention_s, dead_letter_maxlen=run.dead_letter_maxlen)
+        bus = Bus(redis, names, retention_s=run.stream_retention_s, dead_letter_maxlen=run.dead_letter_maxlen,
+                  event_maxlen=run.event_stream_maxlen)
         body_done = asyncio.Event()
 
         async def run_body() -> None:

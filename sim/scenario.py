@@ -27,10 +27,18 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from core.flow import FlowLimits
-from shared.config import ROLLOUTER_MONITOR_INTERVAL_S, Config, ConfigError, load_config, replace_config
+from shared.config import (
+    ROLLOUTER_MONITOR_INTERVAL_S,
+    Config,
+    ConfigError,
+    Count,
+    SimWorkloadConfig,
+    load_config,
+    replace_config,
+)
 from sim.physics import decode_timing, trainer_s_per_ktoken, validation_s
 
 
@@ -80,27 +88,17 @@ class FlowSettings:
         return self.ppo_mini_batch_size * self.require_batches * self.trigger_parameter_sync_step
 
 
-@dataclass(frozen=True, kw_only=True)
-class WorkloadShape:
-    """Token lengths per sample: log-normal with a median drifting over the run, or the sim engine's
-    normal(mean, std) growing by ``drift_per_version`` per weight version."""
+class WorkloadShape(SimWorkloadConfig):
+    """Token lengths per sample: log-normal with a median drifting over the run (the fields of
+    ``simulator.workload``, validated as there), or the sim engine's normal(mean, std) growing by
+    ``drift_per_version`` per weight version (``rollout.sim.response_length`` in those fields:
+    mean as the median, std as the sigma)."""
 
-    kind: str
+    kind: Literal["lognormal", "normal"]
     """'lognormal' (``simulator.workload``) or 'normal' (``rollout.sim.response_length``)."""
-    prompt_tokens_median: float
-    response_tokens_median_start: float
-    response_tokens_median_end: float
-    prompt_tokens_sigma: float
-    prompt_tokens_max: int
-    response_tokens_sigma: float
-    response_tokens_max: int
-    response_tokens_min: int = 1
+    response_tokens_min: Count = 1
     drift_per_version: float = 0.0
-    samples_per_version: int = 1
-    max_length_share: float = 0.0
-    """Share of responses that run to response_tokens_max (log-normal workload only)."""
-    drift_horizon_samples: int | None = None
-    """Samples over which the median drifts; None: the run's prompts."""
+    samples_per_version: Count = 1
 
 
 @dataclass(frozen=True, kw_only=True)

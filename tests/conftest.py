@@ -2,7 +2,7 @@
 
 Service tests and fault tests use ``redis_server`` (``.url``, ``.port``,
 ``.kill()``, ``.restart()`` on the same port) and ``redis_client`` (an asyncio
-client on it, bytes in and out). ``RedisServer`` is a plain helper
+client on it as the services make theirs, bytes in and out). ``RedisServer`` is a plain helper
 (with ``shared.runtime.free_port``) so a test can also start extra servers itself.
 """
 
@@ -18,11 +18,8 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from shared.redis_client import connect
 from shared.runtime import free_port
 
 REDIS_START_TIMEOUT_S = 10.0
@@ -134,17 +131,9 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def redis_client(redis_server: RedisServer) -> AsyncIterator[aredis.Redis]:
-    """An asyncio client (bytes, no decoding) on ``redis_server``, closed at teardown.
-
-    It retries connection errors with backoff, so it survives ``restart()``.
-    """
-    client = aredis.Redis.from_url(
-        redis_server.url,
-        decode_responses=False,
-        socket_timeout=10.0,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 5),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-    )
+    """An asyncio client (bytes, no decoding) on ``redis_server`` made as the services make theirs
+    (``shared.redis_client.connect``: it retries through a ``restart()``), closed at teardown."""
+    client = connect(redis_server.url)
     try:
         yield client
     finally:

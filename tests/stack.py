@@ -59,7 +59,8 @@ class Stack:
     def bus(self) -> Bus:
         run = self.config.run
         bus = Bus(connect(self.redis_url, retry_window_s=run.redis_retry_window_s), self.names,
-                  retention_s=run.stream_retention_s, dead_letter_maxlen=run.dead_letter_maxlen)
+                  retention_s=run.stream_retention_s, dead_letter_maxlen=run.dead_letter_maxlen,
+                  event_maxlen=run.event_stream_maxlen)
         self.buses.append(bus)
         return bus
 

@@ -35,6 +35,8 @@ MISTAKES = [  # (id, file text or a change to sim_small, what the line must say)
      r"run\.time_scale=inf is invalid: expected a finite number"),
     ("negative_duration", ("trainer", "offload_s", -1.0),
      r"trainer\.offload_s=-1\.0 is invalid: expected >= 0"),
+    ("small_event_cap", ("run", "event_stream_maxlen", 10),
+     r"run\.event_stream_maxlen=10 is invalid: expected >= 1000"),
     ("unknown_key", ("trainer", "bogus", 1), r"unknown key trainer\.bogus; known under trainer: backend, "),
     ("bad_namespace", ("run", "namespace", "*"),
      r"run\.namespace='\*' is invalid: expected letters, digits, '_', '\.' or '-' only"),

@@ -12,7 +12,7 @@ from core import executor as ex
 from services.controller.executor import Executor
 from shared.bus import Bus
 from shared.names import WORKER_GROUP, Names
-from shared.peer_liveness import alive
+from shared.peer_liveness import alive, mark_unresponsive, serving
 from shared.rpc import CommandClient, PeerGone
 from shared.schema import Command, CommandAction
 from shared.streams import connect
@@ -74,3 +74,21 @@ async def test_a_live_peer_that_lets_a_command_pass_its_deadline_counts_as_gone_
     assert await alive(bus.redis, names, [beat]) == [False]
     await bus.redis.set(beat, b"restarted-incarnation", ex=30)
     assert await alive(bus.redis, names, [beat]) == [True]
+
+
+async def test_a_replica_is_serving_only_while_the_incarnation_beating_wrote_serving_and_answers(bus):
+    names, redis = bus.names, bus.redis
+    replicas = ["standalone_0", "standalone_1", "standalone_2", "standalone_3"]
+    beats = {r: names.worker_heartbeat(r) for r in replicas}
+    await redis.set(beats["standalone_0"], b"a", ex=30)  # beating, still starting its engine
+    await redis.set(beats["standalone_1"], b"b", ex=30)  # beating and done starting
+    await redis.set(names.worker_serving("standalone_1"), b"b")
+    await redis.set(beats["standalone_2"], b"c2", ex=30)  # restarted: serving was its last incarnation's
+    await redis.set(names.worker_serving("standalone_2"), b"c1")
+    await redis.set(names.worker_serving("standalone_3"), b"d")  # wrote serving, then its beat expired
+    assert await serving(redis, names, replicas) == [False, True, False, False]
+    assert await alive(redis, names, list(beats.values())) == [True, True, True, False]
+    await mark_unresponsive(redis, names, beats["standalone_1"], b"b")
+    assert await serving(redis, names, replicas) == [False, False, False, False]
+    assert await alive(redis, names, list(beats.values())) == [True, False, True, False]
+    assert await serving(redis, names, []) == [] and await alive(redis, names, []) == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,11 @@ import torch  # noqa: E402
 
 pytest.importorskip("safetensors")
 
-from rl.model import ModelConfig, init_model, load_pretrained, save_pretrained  # noqa: E402
+from bench.torch_toy import ToySample, ToyTrajectory, toy_trainer  # noqa: E402
+from rl.model import ModelConfig, load_pretrained  # noqa: E402
 from rl.tokenizer import CharTokenizer  # noqa: E402
 from services.trainer.service import Trainer  # noqa: E402
 from services.trainer.torch_backend import (  # noqa: E402
-    GRPOConfig,
     TorchGRPOTrainer,
     clipped_surrogate,
     group_advantages,
@@ -37,31 +36,8 @@ TINY = ModelConfig(
 PROMPTS = ["012+345=", "900+99=", "050+050="]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Traj:
-    response_token_ids: list[int]
-    response_logprobs: list[float]
-    reward: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Smp:
-    prompt_token_ids: list[int]
-    trajectories: list[Traj] = field(default_factory=list)
-
-
 def _trainer(tmp_path: Path, **overrides: float) -> TorchGRPOTrainer:
-    model_dir = tmp_path / "model"
-    if not model_dir.exists():
-        save_pretrained(init_model(TINY, seed=0), model_dir)
-    cfg = GRPOConfig(
-        model_path=str(model_dir),
-        weights_root=str(tmp_path / "weights"),
-        checkpoint_dir=str(tmp_path / "ckpt"),
-        device="cpu",
-        **overrides,  # type: ignore[arg-type]
-    )
-    return TorchGRPOTrainer(cfg)
+    return toy_trainer(tmp_path, TINY, **overrides)
 
 
 def _target_prob(trainer: TorchGRPOTrainer, prompt: list[int], target: int) -> float:
@@ -72,16 +48,16 @@ def _target_prob(trainer: TorchGRPOTrainer, prompt: list[int], target: int) -> f
 
 def _sample_group(
     trainer: TorchGRPOTrainer, prompt: list[int], target: int, n: int, gen: torch.Generator
-) -> Smp:
+) -> ToySample:
     """n one-token responses sampled from the trainer's own policy; reward 1 for `target`."""
     with torch.no_grad():
         logp = torch.log_softmax(trainer.model(torch.tensor([prompt]))[0, -1], -1)
     toks = torch.multinomial(logp.exp(), n, replacement=True, generator=gen).tolist()
     trajs = [
-        Traj(response_token_ids=[t], response_logprobs=[float(logp[t])], reward=float(t == target))
+        ToyTrajectory(response_token_ids=[t], response_logprobs=[float(logp[t])], reward=float(t == target))
         for t in toks
     ]
-    return Smp(prompt_token_ids=prompt, trajectories=trajs)
+    return ToySample(prompt_token_ids=prompt, trajectories=trajs)
 
 
 def test_advantages_are_normalised_within_the_group_with_unbiased_std() -> None:
@@ -161,9 +137,10 @@ def test_on_policy_ratio_is_one_and_stale_tokens_get_clipped(tmp_path: Path) -> 
     stats = trainer.train_micro_step([fresh])
     assert stats["log_ratio/mean"] == pytest.approx(0.0, abs=1e-5)
     # behaviour logprobs far below the current ones (a very stale sample): ratio >> 1 + eps
-    stale = Smp(
+    stale = ToySample(
         prompt_token_ids=prompt,
-        trajectories=[Traj(response_token_ids=[5], response_logprobs=[-20.0], reward=r) for r in (1.0, 0.0)],
+        trajectories=[ToyTrajectory(response_token_ids=[5], response_logprobs=[-20.0], reward=r)
+                      for r in (1.0, 0.0)],
     )
     assert trainer.train_micro_step([stale])["clip_frac"] == pytest.approx(0.5)
 
