@@ -7,19 +7,37 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from services import launcher
 from services.launcher import DUPLICATED, LOST
 from services.restarts import BLIND_S, HangWatch
+from shared.config import load_config
 from shared.health import judge
-from shared.names import AccountingField, RunStatus, SampleState
+from shared.names import HEALTH_TTL_S, AccountingField, Names, RunStatus, SampleState, worker_process_name
+from tests.conftest import RedisServer
 from tests.live_run import live_config, wait_for
 
 SAMPLES = 256
 MISSING = judge(None, key="ns:health:x", stale_after_s=120.0)
+BLOCKING_WORKER = """
+import sys, time
+import services.rollout_worker.__main__ as worker
+from services.rollout_worker.sim_engine import SimEngine
+
+class BlockingStart(SimEngine):
+    async def start(self) -> None:
+        time.sleep(600)  # as vLLM's engine start: the event loop, its health loop with it, stalls
+
+worker.build_engine = lambda config, replica_id: BlockingStart(config=config, hybrid=False)
+worker.main(sys.argv[1:])
+"""
 
 
 @pytest.mark.e2e
@@ -43,6 +61,24 @@ def test_a_service_sigstopped_mid_run_is_killed_as_hung_and_restarted_and_nothin
     log = (tmp_path / "run" / "logs" / f"{service}.log").read_text()
     assert "killed by the launcher as hung: no health report" in log
     assert "restarted by the launcher (restart 1)" in log
+
+
+def test_a_worker_whose_engine_start_blocks_its_event_loop_keeps_a_healthy_report(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    config = live_config(tmp_path, time_scale=0.02)
+    key = Names(load_config(config).run.namespace).health(worker_process_name(["standalone_0"]))
+    starting = subprocess.Popen([sys.executable, "-c", BLOCKING_WORKER, "--config", str(config),
+                                 "--redis-url", redis_server.url, "--replica-id", "standalone_0"])
+    try:
+        with redis.Redis.from_url(redis_server.url) as client:
+            wait_for(lambda: client.exists(key) or starting.poll() is not None, timeout_s=30,
+                     what="the worker's first health report")
+            time.sleep(HEALTH_TTL_S + 2)  # longer than one report lives: it has been renewed
+            assert starting.poll() is None
+            assert judge(client.get(key), key=key, stale_after_s=120.0) == ""
+    finally:
+        starting.kill()
+        starting.wait()
 
 
 def test_a_child_is_not_judged_before_its_first_health_report() -> None:
