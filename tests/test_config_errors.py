@@ -35,6 +35,7 @@ MISTAKES = [  # (id, file text or a change to sim_small, what the line must say)
      r"run\.time_scale=inf is invalid: expected a finite number"),
     ("negative_duration", ("trainer", "offload_s", -1.0),
      r"trainer\.offload_s=-1\.0 is invalid: expected >= 0"),
+    ("zero_hung_grace", ("run", "hung_grace_s", 0.0), r"run\.hung_grace_s=0\.0 is invalid: expected > 0"),
     ("unknown_key", ("trainer", "bogus", 1), r"unknown key trainer\.bogus; known under trainer: backend, "),
     ("bad_namespace", ("run", "namespace", "*"),
      r"run\.namespace='\*' is invalid: expected letters, digits, '_', '\.' or '-' only"),
