@@ -14,7 +14,9 @@ the controller's admin API. A run, in order:
      `run.event_stream_maxlen`) appended to `audit.jsonl` and `metrics.jsonl` at each poll; a
      child exiting non-zero is restarted with a backoff (services/restarts.py); past
      `run.max_restarts_per_minute` the run is marked failed, everything stops and
-     `ServiceCrashed` names the service and its log.
+     `ServiceCrashed` names the service and its log. A child that hangs instead (its health
+     report, shared/health.py, missing or stale for `run.hung_grace_s` after its first one) is
+     SIGKILLed, with its process group, and restarted the same way (`hung_kills`).
   5. At `status == done`: `GET /status` once, stop every child (SIGTERM, then SIGKILL),
      finish `metrics.jsonl`, `audit.jsonl`, write `summary.json` (services/run_outputs.py); stop
      the embedded Redis. A run that fails writes them too, with what it knows: from Redis, or,
@@ -23,10 +25,12 @@ the controller's admin API. A run, in order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +44,7 @@ from core.flow import FlowLimits
 from services.embedded_redis import EmbeddedRedis as EmbeddedRedis
 from services.embedded_redis import redis_executable as redis_executable
 from services.progress import Progress
-from services.restarts import WINDOW_S, RestartBudget
+from services.restarts import WINDOW_S, HangWatch, RestartBudget
 from services.run_outputs import DUPLICATED as DUPLICATED
 from services.run_outputs import LOST as LOST
 from services.run_outputs import StreamExport, fetch_admin_status, read_hash, run_exports, write_outputs
@@ -49,7 +53,8 @@ from services.run_outputs import read_stream as read_stream
 from services.run_outputs import sample_counts as sample_counts
 from shared.bus import text
 from shared.config import Config, load_config
-from shared.names import Names, RunStateField, RunStatus, TrainerStateField
+from shared.health import judge
+from shared.names import Names, RunStateField, RunStatus, TrainerStateField, worker_process_name
 from shared.redis_client import connect_sync
 
 log = logging.getLogger(__name__)
@@ -87,12 +92,15 @@ class ServiceSpec:
     name: str
     module: str
     extra_args: tuple[str, ...] = ()
+    health_name: str = ""
+    """The service name its health key is published under (`Names.health`); '' = `name`."""
 
 
 def service_specs(config: Config) -> list[ServiceSpec]:
     """Every service of a run, in start order (controller first, trainer last), one worker per replica."""
     replicas = [ServiceSpec(name=f"rollout_worker-{replica_id}", module="services.rollout_worker",
-                            extra_args=("--replica-id", replica_id))
+                            extra_args=("--replica-id", replica_id),
+                            health_name=worker_process_name([replica_id]))
                 for replica_id in (*config.standalone_ids, *config.hybrid_ids)]
     return [ServiceSpec(name="controller", module="services.controller"),
             ServiceSpec(name="loadbalancer", module="services.loadbalancer"), *replicas,
@@ -162,6 +170,9 @@ class Job:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.budgets = {name: RestartBudget(self.config.run.max_restarts_per_minute) for name in self.specs}
         self.restarts = dict.fromkeys(self.specs, 0)
+        self.hung_kills = dict.fromkeys(self.specs, 0)
+        self.watches: dict[str, HangWatch] = {}
+        self._last_reports: dict[str, str] = {}
         self._restart_at_s: dict[str, float] = {}
         self.exit_codes: dict[str, int] = {}
         self.total_micro_steps = total_micro_steps(self.config)
@@ -243,8 +254,10 @@ class Job:
         return status
 
     def supervise(self) -> None:
-        """Start again each child that exited non-zero once its backoff has passed (services/restarts.py)."""
+        """Start again each child that exited non-zero, or was killed as hung, once its backoff has
+        passed (services/restarts.py)."""
         now_s = time.monotonic()
+        self.kill_hung(now_s)
         for name, proc in self.procs.items():
             if name in self._restart_at_s:
                 if now_s >= self._restart_at_s[name]:
@@ -266,8 +279,35 @@ class Job:
                         proc.returncode, delay_s, path)
             self._restart_at_s[name] = now_s + delay_s
 
+    def _health_key(self, name: str) -> str:
+        return self.names.health(self.specs[name].health_name or name)
+
+    def kill_hung(self, now_s: float) -> None:
+        """SIGKILL (its whole process group: a vLLM engine's children too) each running child whose
+        health report has been missing or stale past its grace (`HangWatch`); `supervise` then restarts
+        it within its budget."""
+        running = [name for name, proc in self.procs.items()
+                   if name not in self._restart_at_s and proc.poll() is None]
+        keys = [self._health_key(name) for name in running]
+        for name, key, raw in zip(running, keys, self.redis.mget(keys) if keys else [], strict=True):
+            problem = judge(raw, key=key, stale_after_s=self.config.run.loop_stale_s)
+            if raw is not None:
+                self._last_reports[name] = text(raw)
+            if not self.watches[name].hung(now_s=now_s, present=raw is not None, problem=problem):
+                continue
+            log.warning("service %s is hung: %s (its last report: %s); killing it to restart it", name,
+                        problem, self._last_reports.get(name))
+            with contextlib.suppress(ProcessLookupError):  # it exited since the poll: restarted as a crash
+                os.killpg(self.procs[name].pid, signal.SIGKILL)
+            self.procs[name].wait()
+            self.hung_kills[name] += 1
+            with (self.log_dir / f"{name}.log").open("a") as log_file:
+                log_file.write(f"--- killed by the launcher as hung: {problem} ---\n")
+
     def _start(self, name: str) -> subprocess.Popen[bytes]:
         path = self.log_dir / f"{name}.log"
+        self.redis.delete(self._health_key(name))  # a report of the previous process is not this one's
+        self.watches[name] = HangWatch(grace_s=self.config.run.hang_grace_s)
         if self.restarts[name]:
             with path.open("a") as log_file:
                 log_file.write(f"--- restarted by the launcher (restart {self.restarts[name]}) ---\n")
@@ -337,6 +377,7 @@ class Job:
                          "deactivations": admin.get("deactivations")},
             "mode": admin.get("mode"), "exit_codes": self.exit_codes, "controller_status": admin,
             "restarts": {name: n for name, n in self.restarts.items() if n},
+            "hung_kills": {name: n for name, n in self.hung_kills.items() if n},
             "redis_restarts": self.embedded.restarts if self.embedded else None,
         }
 

@@ -92,6 +92,9 @@ class RunConfig(_Section):
     (DYNSCHED_ADMIN_TOKEN or DYNSCHED_ADMIN_TOKEN_FILE) and then requires it on every endpoint."""
     loop_stale_s: Positive = 120.0
     """Wall seconds without progress after which a service loop counts as stuck (health: 503)."""
+    hung_grace_s: Positive | None = None
+    """`dynsched run`/`up` SIGKILL (and restart) a child whose health report has been missing or stale
+    for this long, counted from its first report; unset: `loop_stale_s` (docs/reliability.md)."""
     work_dir: str = "runs/work"
     """Real backends: published weight versions (`weights/`) and trainer checkpoints (`checkpoints/`)."""
     redis_retry_window_s: Seconds = REDIS_RETRY_WINDOW_S
@@ -109,6 +112,11 @@ class RunConfig(_Section):
     max_restarts_per_minute: Annotated[int, Field(ge=0)] = 5
     """`dynsched run`/`up` restart a crashed service with backoff; one more crash within a minute fails
     the run (0: never restart)."""
+
+    @property
+    def hang_grace_s(self) -> float:
+        """`hung_grace_s`, or `loop_stale_s` when unset."""
+        return self.loop_stale_s if self.hung_grace_s is None else self.hung_grace_s
 
 
 class DataConfig(_Section):

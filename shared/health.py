@@ -56,10 +56,19 @@ def check(client: redis.Redis, names: Names, service: str, *, stale_after_s: flo
         raw = client.get(names.health(service))
     except (redis.RedisError, OSError) as exc:
         return f"Redis unreachable: {exc}"
+    return judge(raw, key=names.health(service), stale_after_s=stale_after_s)
+
+
+def judge(raw: bytes | str | None, *, key: str, stale_after_s: float) -> str:
+    """'' when the health report `raw` read from `key` (None: no key) is healthy, else why not (one
+    line). The one judge: this module's healthcheck and the launcher's hang watch both call it."""
     if raw is None:
-        return (f"no health report at {names.health(service)} in the last {HEALTH_TTL_S}s: "
+        return (f"no health report at {key} in the last {HEALTH_TTL_S}s: "
                 "the process is down, hung, or cannot reach Redis")
-    ages = json.loads(raw)
+    try:
+        ages = {str(name): float(age) for name, age in json.loads(raw).items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        return f"unreadable health report at {key}: {exc}"
     stale = stale_loops(ages, stale_after_s)
     if stale:
         return "stale loops (no progress for more than {:.0f}s): {}".format(

@@ -41,6 +41,14 @@ HEALTH_INTERVAL_S = 2.0
 """How often a service process publishes its loops' ages (`Names.health`)."""
 HEALTH_TTL_S = 10
 """A process whose health key is older than this is down, hung, or cut off from Redis."""
+
+
+def worker_process_name(replica_ids: list[str] | tuple[str, ...]) -> str:
+    """A rollout worker process's service name for its health key (`Names.health`):
+    `rollout_worker.ID`, IDs joined by ',' when one process runs several replicas."""
+    return "rollout_worker." + ",".join(replica_ids)
+
+
 MAX_DELIVERIES = 5
 """An entry delivered this many times without an ack goes to the dead-letter stream."""
 REDIS_RETRY_WINDOW_S = 30.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import uuid
 
 from core.replica import ReplicaState
@@ -14,12 +15,8 @@ from services.rollout_worker.worker import RolloutWorker
 from shared.bus import Bus
 from shared.config import Config
 from shared.liveness import untrack
+from shared.names import worker_process_name
 from shared.runtime import load, run_until_stopped, service_args, supervise
-
-
-def worker_service_name(replica_ids: list[str]) -> str:
-    """The process's name for its health key: `rollout_worker.ID` (IDs joined by ',')."""
-    return "rollout_worker." + ",".join(replica_ids)
 
 
 def build_engine(config: Config, replica_id: str) -> Engine:
@@ -46,11 +43,15 @@ def main(argv: list[str] | None = None) -> None:
 
     args = service_args("dynsched rollout worker", argv, extra)
     config, names = load(args)
+    service = worker_process_name(args.replica_id)
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         untrack()  # while engines start, the start-up lease says alive; the workers' loops, once they run
         incarnations = {replica_id: uuid.uuid4().hex[:12] for replica_id in args.replica_id}
         beats = {names.worker_heartbeat(r): incarnation for r, incarnation in incarnations.items()}
+        # The health report too: a blocking engine start stalls the event loop's health loop, and the
+        # launcher would take the missing report for a hang (services/restarts.py: HangWatch).
+        beats[names.health(service)] = json.dumps({f"{service}.startup": 0.0})
         workers = []
         with StartupHeartbeat(args.redis_url, beats):  # alive while the engines start (vLLM: tens of s)
             for replica_id in args.replica_id:
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
                 await worker.engine.close()
 
     run_until_stopped(body, redis_url=args.redis_url, names=names,
-                      service=worker_service_name(args.replica_id), run=config.run)
+                      service=service, run=config.run)
 
 
 if __name__ == "__main__":

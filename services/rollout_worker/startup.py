@@ -6,7 +6,9 @@ stops it once they are up; `RolloutWorker.run` then keeps the same key alive wit
 incarnation. It is a thread with its own synchronous Redis client because an engine's start
 can block the event loop (vLLM's `AsyncLLM.from_engine_args` loads the model synchronously),
 and an asyncio heartbeat would stall with it. SIGKILL ends the thread with the process, so the
-key expires `HEARTBEAT_TTL_S` later.
+key expires `HEARTBEAT_TTL_S` later. The worker also renews its health report here (`Names.health`,
+same TTL): the health loop stalls with the event loop, and the launcher SIGKILLs a child whose report
+goes missing (services/restarts.py: HangWatch). A SIGSTOPped starting worker stops both.
 """
 
 from __future__ import annotations

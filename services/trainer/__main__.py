@@ -8,6 +8,7 @@ from pathlib import Path
 from services.trainer.service import Trainer, TrainerBackend, claim_run_id
 from shared.bus import Bus
 from shared.config import Config
+from shared.liveness import untrack
 from shared.runtime import load, run_until_stopped, service_args
 
 
@@ -36,7 +37,12 @@ def main(argv: list[str] | None = None) -> None:
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         run_dir = Path(config.run.work_dir) / await claim_run_id(bus)
-        await Trainer(bus=bus, config=config, backend=build_backend(config, run_dir)).run(stop)
+        # Importing torch and loading the model take seconds to minutes: in a thread, so that the health
+        # loop goes on reporting (the launcher kills a child whose report goes missing); the cycle's
+        # loops are judged once they run.
+        untrack()
+        backend = await asyncio.to_thread(build_backend, config, run_dir)
+        await Trainer(bus=bus, config=config, backend=backend).run(stop)
 
     run_until_stopped(body, redis_url=args.redis_url, names=names, service="trainer",
                       run=config.run)

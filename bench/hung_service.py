@@ -1,0 +1,53 @@
+"""How long a hung service stalls a run under the launcher (docs/reliability.md, "A hung service").
+
+One sim run per argument (256 samples, `time_scale` 0.02, `run.hung_grace_s` 1.0), as
+tests/test_faults_hung.py runs it: after 4 micro-steps the named service is SIGSTOPped ("none":
+nothing is); prints, per run, when the launcher SIGKILLed it (seconds after the SIGSTOP), the run's
+wall time and lost/duplicated.
+
+    PYTHONPATH=. python -m bench.hung_service none loadbalancer rollouter
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from services import launcher
+from shared.names import RunStatus
+from tests.live_run import live_config, wait_for
+
+
+def one_run(service: str | None) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="hung_service"))
+    config = live_config(tmp, time_scale=0.02, total_rollout_steps=256, run={"hung_grace_s": 1.0})
+    with launcher.Job(config_path=config, out_dir=tmp / "run") as job:
+        wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60, what="4 micro-steps")
+        result: dict[str, Any] = {"stopped": service, "stopped_at_s": round(job.elapsed_s, 2)}
+        stopped_s = time.monotonic()
+        if service:
+            os.kill(job.procs[service].pid, signal.SIGSTOP)
+        killed_after_s = None
+        while job.poll() is not RunStatus.DONE:
+            if service and killed_after_s is None and job.hung_kills[service]:
+                killed_after_s = round(time.monotonic() - stopped_s, 2)
+            time.sleep(launcher.POLL_INTERVAL_S)
+        summary = job.summary(wall_time_s=job.elapsed_s, admin={})
+    return {**result, "killed_after_stop_s": killed_after_s, "wall_time_s": summary["wall_time_s"],
+            "lost": summary["samples"][launcher.LOST], "duplicated": summary["samples"][launcher.DUPLICATED],
+            "hung_kills": summary["hung_kills"], "out": str(tmp)}
+
+
+def main(argv: list[str]) -> None:
+    for service in argv or ["none", "loadbalancer", "rollouter"]:
+        print(json.dumps(one_run(None if service == "none" else service)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
