@@ -32,9 +32,7 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,13 @@ import redis
 from core.flow import FlowLimits
 from services.embedded_redis import EmbeddedRedis as EmbeddedRedis
 from services.embedded_redis import redis_executable as redis_executable
+from services.processes import LOG_TAIL_LINES as LOG_TAIL_LINES
+from services.processes import STOP_TIMEOUT_S as STOP_TIMEOUT_S
+from services.processes import ServiceSpec as ServiceSpec
+from services.processes import log_tail as log_tail
+from services.processes import service_specs as service_specs
+from services.processes import start_service as start_service
+from services.processes import stop_services as stop_services
 from services.progress import Progress
 from services.restarts import WINDOW_S, HangWatch, RestartBudget
 from services.run_outputs import DUPLICATED as DUPLICATED
@@ -54,16 +59,14 @@ from services.run_outputs import sample_counts as sample_counts
 from shared.bus import text
 from shared.config import Config, load_config
 from shared.health import judge
-from shared.names import Names, RunStateField, RunStatus, TrainerStateField, worker_process_name
+from shared.names import Names, RunStateField, RunStatus, TrainerStateField
 from shared.redis_client import connect_sync
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.2
 KNOWN_REFRESH_S = 5.0  # how often `poll` re-reads the sample hashes a summary without Redis would use
-LOG_TAIL_LINES = 30
 
 
 class ServiceCrashed(RuntimeError):
@@ -83,63 +86,6 @@ def claim_namespace(client: redis.Redis, names: Names, *, fresh: bool) -> None:
                              f"(e.g. {shown}); pass --fresh to delete them, or set run.namespace")
     for start in range(0, len(keys), 1000):
         client.delete(*keys[start:start + 1000])
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServiceSpec:
-    """One child process: `python -m <module> --config FILE --redis-url URL <extra_args>`."""
-
-    name: str
-    module: str
-    extra_args: tuple[str, ...] = ()
-    health_name: str = ""
-    """The service name its health key is published under (`Names.health`); '' = `name`."""
-
-
-def service_specs(config: Config) -> list[ServiceSpec]:
-    """Every service of a run, in start order (controller first, trainer last), one worker per replica."""
-    replicas = [ServiceSpec(name=f"rollout_worker-{replica_id}", module="services.rollout_worker",
-                            extra_args=("--replica-id", replica_id),
-                            health_name=worker_process_name([replica_id]))
-                for replica_id in (*config.standalone_ids, *config.hybrid_ids)]
-    return [ServiceSpec(name="controller", module="services.controller"),
-            ServiceSpec(name="loadbalancer", module="services.loadbalancer"), *replicas,
-            ServiceSpec(name="rollouter", module="services.rollouter"),
-            ServiceSpec(name="trainer", module="services.trainer")]
-
-
-def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str,
-                  log_path: Path) -> subprocess.Popen[bytes]:
-    """Start one child in its own session (so the launcher, not the terminal, decides the stop order)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)}
-    cmd = [sys.executable, "-m", spec.module, "--config", str(config_path), "--redis-url", redis_url,
-           *spec.extra_args]
-    with log_path.open("ab") as log_file:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT,
-                                start_new_session=True)
-
-
-def stop_services(procs: dict[str, subprocess.Popen[bytes]], *,
-                  timeout_s: float = STOP_TIMEOUT_S) -> dict[str, int]:
-    """SIGTERM every child (last started first), SIGKILL what is left after `timeout_s`; the exit codes."""
-    for proc in reversed(procs.values()):
-        if proc.poll() is None:
-            proc.terminate()
-    deadline_s = time.monotonic() + timeout_s
-    for name, proc in procs.items():
-        try:
-            proc.wait(timeout=max(0.0, deadline_s - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0fs; killing it", name, timeout_s)
-            proc.kill()
-            proc.wait()
-    return {name: int(proc.returncode) for name, proc in procs.items()}
-
-
-def log_tail(path: Path, num_lines: int = LOG_TAIL_LINES) -> str:
-    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    return "\n".join(lines[-num_lines:])
 
 
 def total_micro_steps(config: Config) -> int:
