@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from shared.bus import Bus
 from shared.config import Config, RunConfig, load_config
@@ -33,6 +33,7 @@ from shared.names import Names
 from shared.streams import connect
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 EXIT_GRACE_S = 10.0
 """After a loop failed, the process exits (status 1) within this long even if shutdown hangs."""
 
@@ -58,6 +59,29 @@ async def sleep_unless(event: asyncio.Event, timeout_s: float) -> bool:
     finally:
         beat()
     return True
+
+
+THREAD_BEAT_S = 1.0
+"""While a loop waits on a worker thread (`in_thread`), it beats this often."""
+
+
+async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """`asyncio.to_thread(fn, *args)`, beating the calling loop while the thread runs.
+
+    A loop waiting on a thread is working, not hung: a training step, a checkpoint or a weight push
+    can take minutes on a large model, longer than `run.loop_stale_s`, and a loop that did not beat
+    meanwhile would be reported stale (and killed by the launcher as hung). The event loop itself stays
+    free, so what this vouches for is that the process still serves its loops; a thread stuck for good
+    in a C call looks like a long step (what a health check cannot tell apart)."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=THREAD_BEAT_S)
+            beat()
+            if done:
+                return task.result()
+    finally:
+        task.cancel()  # when the caller was cancelled: the thread runs on, nobody waits for it
 
 
 class _ExitWatchdog:

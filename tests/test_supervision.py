@@ -5,6 +5,7 @@ a stuck loop makes the controller's /healthz answer 503."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -26,7 +28,7 @@ from shared.config import config_to_dict
 from shared.health import main as health_main
 from shared.liveness import LIVENESS
 from shared.names import HEALTH_TTL_S, Names
-from shared.runtime import EXIT_GRACE_S
+from shared.runtime import EXIT_GRACE_S, THREAD_BEAT_S, in_thread
 from shared.streams import connect
 from tests.conftest import RedisServer
 from tests.stack import sim_config
@@ -182,3 +184,21 @@ async def test_the_controllers_healthz_is_503_naming_a_loop_that_made_no_progres
     finally:
         LIVENESS.leave("test.stuck")
         await bus.redis.aclose()
+
+
+async def test_a_loop_waiting_on_a_long_worker_thread_keeps_beating() -> None:
+    """A training step longer than `run.loop_stale_s` is work, not a hang: the loop waiting on it beats."""
+
+    async def loop_waiting_on(wait: Callable[..., Awaitable[object]]) -> float:
+        LIVENESS.enter("thread_waiter")
+        oldest = 0.0
+        waiting = asyncio.ensure_future(wait(time.sleep, 3 * THREAD_BEAT_S))
+        while not waiting.done():
+            oldest = max(oldest, LIVENESS.ages().get("thread_waiter", 0.0))
+            await asyncio.sleep(0.1)
+        await waiting
+        LIVENESS.leave("thread_waiter")
+        return oldest
+
+    assert await asyncio.create_task(loop_waiting_on(in_thread)) < 2 * THREAD_BEAT_S
+    assert await asyncio.create_task(loop_waiting_on(asyncio.to_thread)) > 2.5 * THREAD_BEAT_S  # no beats

@@ -45,7 +45,7 @@ from shared.names import TRAINER_GROUP
 from shared.names import TrainerStateField as F
 from shared.peer_liveness import serving
 from shared.rpc import CommandClient, CommandFailed
-from shared.runtime import supervise
+from shared.runtime import in_thread, supervise
 from shared.schema import (
     AuditEvent,
     AuditKind,
@@ -151,9 +151,9 @@ class Trainer:
         """The weights of the committed progress: the checkpoint its pointer names, never a newer one
         saved before a commit that did not happen; without a pointer, the newest checkpoint."""
         if self.cycle.checkpoint:
-            resumed = await asyncio.to_thread(self.backend.resume_from, self.cycle.checkpoint)
+            resumed = await in_thread(self.backend.resume_from, self.cycle.checkpoint)
         elif self.cycle.version > 0:
-            resumed = await asyncio.to_thread(self.backend.resume_latest)
+            resumed = await in_thread(self.backend.resume_latest)
         else:
             return
         if resumed != self.cycle.version:
@@ -181,7 +181,7 @@ class Trainer:
             if isinstance(op, tc.Handshake):
                 return await self._await_reply(replies, stop, op)
         elif isinstance(op, tc.AcquireGpu):
-            await asyncio.to_thread(self.backend.acquire_gpu)
+            await in_thread(self.backend.acquire_gpu)
         elif isinstance(op, tc.QueueSize):
             return await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
         elif isinstance(op, tc.Collect):
@@ -191,9 +191,9 @@ class Trainer:
         elif isinstance(op, tc.MarkTrained):
             await self._mark_trained(mq, op.batch, op.progress)
         elif isinstance(op, tc.SaveCheckpoint):
-            return await asyncio.to_thread(self.backend.save_checkpoint, op.version, op.global_steps)
+            return await in_thread(self.backend.save_checkpoint, op.version, op.global_steps)
         elif isinstance(op, tc.ExportWeights):
-            path = await asyncio.to_thread(self.backend.export_weights, op.version) or ""
+            path = await in_thread(self.backend.export_weights, op.version) or ""
             # What a (re)starting rollout worker loads before it serves (see RolloutWorker.run).
             await self.bus.redis.hset(names.trainer_state, mapping={F.WEIGHTS_VERSION: op.version,
                                                                     F.WEIGHTS_PATH: path})
@@ -236,7 +236,7 @@ class Trainer:
         gs, version = self.cycle.global_steps, self.cycle.version
         samples = [sample for _, sample in batch]
         await self._record_phase(AuditPhase.TRAIN_START, gs, version)
-        timings = await asyncio.to_thread(self.backend.train_micro_step, samples)
+        timings = await in_thread(self.backend.train_micro_step, samples)
         await self._record_phase(AuditPhase.TRAIN_END, gs, version)
         return tc.TrainResult(timings=timings, stats=self._sample_metrics(samples))
 
@@ -297,7 +297,7 @@ class Trainer:
 
     async def _apply(self, command: Command) -> WeightSyncReport | None:
         if command.action is CommandAction.RELEASE_GPUS:
-            await asyncio.to_thread(self.backend.release_gpu)
+            await in_thread(self.backend.release_gpu)
             return None
         if command.action is CommandAction.SYNC_WEIGHTS:
             try:
@@ -350,7 +350,7 @@ class Trainer:
                                       version=version,
                                       replica_world_size=self.config.rollout.tensor_model_parallel_size,
                                       incarnations=tuple(text(b) if b else "" for b in beats))
-            await asyncio.to_thread(self.backend.push_weights, transport, client)
+            await in_thread(self.backend.push_weights, transport, client)
         except Exception as exc:  # reported, not raised: the sync goes on through the filesystem
             return f"{type(exc).__name__}: {exc}"
         return ""
