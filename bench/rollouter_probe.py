@@ -32,6 +32,20 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
+def latency_alone_s(sim: Simulation, batch: float) -> float:
+    """Mean latency a sample would have with no abort, retry or queueing: its prompt's prefill, then
+    its slowest response at one sequence's speed in a replica decoding `batch` requests of like
+    contexts (the step's context term at the response's midpoint)."""
+    timing, work = sim.scenario.replica, sim.workload
+    b = max(1, round(batch))
+    total = 0.0
+    for prompt, responses in zip(work.prompt, work.response, strict=True):
+        slowest = max(responses)
+        step_s = timing.step_time_s(b, 1.0, b * (prompt + slowest / 2.0))
+        total += prompt / timing.prefill_tokens_per_s + slowest * step_s
+    return total / max(1, len(work.prompt))
+
+
 def probe(sim: Simulation) -> dict[str, Any]:
     """Run `sim` to the end, watching its rollouter; returns the summary."""
     ro, eng, life = sim.rollouter, sim.engine, sim.rollouter.lifecycle
@@ -79,6 +93,8 @@ def probe(sim: Simulation) -> dict[str, Any]:
         "mean_generating": mean_generating, "mean_max_concurrent": sum(t[2] for t in ticks) / n,
         "littles_law_latency_s": mean_generating / rate if rate else 0.0,
         "decoding_batch": {rid: statistics.fmean(b) for rid, b in batches.items() if b},
+        "latency_alone_s": latency_alone_s(sim, statistics.fmean(
+            statistics.fmean(b) for rid, b in batches.items() if b and rid.startswith("standalone"))),
     }
 
 
