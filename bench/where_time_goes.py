@@ -55,33 +55,51 @@ def _reprefilled(tokens: dict[str, float]) -> float:
     return max(0.0, tokens.get("prefilled", 0.0) - (tokens.get("trained", 0.0) - tokens.get("decoded", 0.0)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config, --set, --prompts, --out: what a planner bench over one config takes."""
     parser.add_argument("--config", type=Path, default=SEED)
-    parser.add_argument("--policy", action="append", default=None, help="static | a policy (repeatable)")
-    parser.add_argument("--split", default="", help="TRAIN:ROLLOUT GPUs (default: the config's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--prompts", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as config changes (YAML values)."""
     changes: dict[str, Any] = {}
-    for item in args.set:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
         changes[key] = yaml.safe_load(value)
+    return changes
+
+
+def scenario_for(config: Path, *, policy: str, split: str = "", prompts: int = 0,
+                 changes: dict[str, Any] | None = None) -> Scenario:
+    """The config at `split` ("TRAIN:ROLLOUT", else the config's) under `policy`, shortened to
+    `prompts` (0: the config's), with `changes` applied."""
+    scenario = load_scenario(config)
+    if prompts:
+        scenario = scenario.with_prompts(prompts)
+    if split:
+        train, _, rollout = split.partition(":")
+        scenario = scenario.with_split(int(train), int(rollout), policy=policy)
+    else:
+        scenario = scenario.with_policy(policy)
+    return scenario.with_changes(changes) if changes else scenario
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    add_run_arguments(parser)
+    parser.add_argument("--policy", action="append", default=None, help="static | a policy (repeatable)")
+    parser.add_argument("--split", default="", help="TRAIN:ROLLOUT GPUs (default: the config's)")
+    args = parser.parse_args(argv)
+    changes = parse_sets(args.set)
     rows = []
     for policy in args.policy or ["static", "adaptive"]:
-        scenario = load_scenario(args.config)
-        if args.prompts:
-            scenario = scenario.with_prompts(args.prompts)
-        if args.split:
-            train, _, rollout = args.split.partition(":")
-            scenario = scenario.with_split(int(train), int(rollout), policy=policy)
-        else:
-            scenario = scenario.with_policy(policy)
-        if changes:
-            scenario = scenario.with_changes(changes)
+        scenario = scenario_for(args.config, policy=policy, split=args.split, prompts=args.prompts,
+                                changes=changes)
         rows.append({"policy": policy, **breakdown(scenario)})
     cols = ("wall_h", "activations", "activated", "cycle_s", *(n for n, _ in PARTS), "other",
             "reprefilled_share")
