@@ -126,8 +126,8 @@ class _FakeRedis:
     async def set(self, key: str, value: bytes) -> None:
         pass
 
-    async def xadd(self, stream: str, fields: dict[Any, Any]) -> bytes:
-        self.published.append(fields)
+    async def xadd(self, stream: str, fields: dict[Any, Any], **options: Any) -> bytes:
+        self.published.append(fields)  # options: the bus's stream cap (maxlen, approximate)
         return b"1-0"
 
 
