@@ -36,13 +36,17 @@ from services.launcher import DUPLICATED, LOST
 from shared.names import AccountingField, RunStatus
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+HANG_STALE_S = 10.0
+"""`run.loop_stale_s` of the trials (the default 120 s is for engines that start for minutes): a hung
+service is killed about 15 s after its last report, so a trial does not wait minutes for it."""
 REDIS = "redis"
 """The embedded Redis server as a fault target (its process belongs to the launcher, not to `procs`)."""
 
 
 def trial_config(directory: Path, *, seed: int, time_scale: float, samples: int) -> Path:
     data: dict[str, Any] = yaml.safe_load((PROJECT_ROOT / "configs" / "sim_small.yaml").read_text())
-    data["run"].update(time_scale=time_scale, namespace=f"chaos{seed}_{time.monotonic_ns()}", admin_port=0)
+    data["run"].update(time_scale=time_scale, namespace=f"chaos{seed}_{time.monotonic_ns()}", admin_port=0,
+                       loop_stale_s=HANG_STALE_S, hung_grace_s=HANG_STALE_S / 2)
     data["data"]["total_rollout_steps"] = samples
     data["async_training"]["dynamic_schedule_policy"] = "fixed_ratio"
     path = directory / "chaos.yaml"
