@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from bench import write_result
+from bench import parse_sets, write_result
 from services.launcher import run_job
 from shared.config import load_config
 from sim.run import simulate
@@ -156,12 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a dotted config key of every config (repeatable, YAML value)")
     args = parser.parse_args(argv)
-    changes: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
-        changes[key] = yaml.safe_load(value)
+    changes = parse_sets(args.set)
     paths = [PROJECT_ROOT / c for c in (args.config or DEFAULT_CONFIGS)]  # an absolute c stays itself
     with tempfile.TemporaryDirectory(prefix="sim_to_live_configs_") as tmp:
         if args.time_scale is not None or changes:

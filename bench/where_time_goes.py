@@ -19,9 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench import write_result
+from bench import parse_sets, write_result
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -64,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    changes: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
-        changes[key] = yaml.safe_load(value)
+    changes = parse_sets(args.set)
     rows = []
     for policy in args.policy or ["static", "adaptive"]:
         scenario = load_scenario(args.config)
