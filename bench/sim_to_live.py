@@ -45,7 +45,8 @@ DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yam
 WALL_TOLERANCE, ACTIVATION_TOLERANCE, MQ_TOLERANCE = 0.10, 0.20, 0.20
 
 
-PER_VERSION_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/param_sync", "timing_s/deactivate",
+PER_VERSION_KEYS = ("timing_s/step", "dynamic_resource/train_compute_time_s", "timing_s/gen",
+                    "timing_s/param_sync", "timing_s/deactivate",
                     "timing_s/wait_for_enough_samples", "dynamic_resource/mq_size",
                     "fully_async/rollouter/idle_ratio")
 """Per-version metrics shown side by side (``--versions``): where the two stories part."""
@@ -55,7 +56,8 @@ def _story(times_s: list[float], cycles: list[dict[str, float]], activations: in
            seconds_per_unit: float = 1.0) -> dict[str, Any]:
     mq = [c["dynamic_resource/mq_size"] for c in cycles]
     def scaled(key: str, cycle: dict[str, float]) -> float:
-        return cycle.get(key, float("nan")) / (seconds_per_unit if key.startswith("timing_s/") else 1.0)
+        seconds = key.startswith("timing_s/") or key.endswith("_time_s")
+        return cycle.get(key, float("nan")) / (seconds_per_unit if seconds else 1.0)
 
     per_version = [{"version_s": t - times_s[i - 1] if i else float("nan"),
                     **{key: scaled(key, c) for key in PER_VERSION_KEYS}}
