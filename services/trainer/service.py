@@ -32,6 +32,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from core import trainer_cycle as tc
@@ -171,7 +172,7 @@ class Trainer:
     async def _run_cycle(self, replies: Subscription, mq: StreamConsumer, stop: asyncio.Event) -> None:
         plan = self.cycle.run()
         result: Any = None
-        await asyncio.to_thread(self.backend.validate, global_steps=0, version=self.cycle.version)
+        await in_thread(partial(self.backend.validate, global_steps=0, version=self.cycle.version))
         try:
             while not stop.is_set():
                 try:
@@ -190,15 +191,15 @@ class Trainer:
             if isinstance(op, tc.Handshake):
                 return await self._await_reply(replies, stop, op)
             if op.event.phase is TrainerPhase.MICRO_STEP_DONE:
-                await asyncio.to_thread(self.backend.validate, global_steps=op.event.global_steps,
-                                        version=op.event.version)
+                await in_thread(partial(self.backend.validate, global_steps=op.event.global_steps,
+                                        version=op.event.version))
         elif isinstance(op, tc.AcquireGpu):
             await in_thread(self.backend.acquire_gpu)
         elif isinstance(op, tc.QueueSize):
             return await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
         elif isinstance(op, tc.Collect):
             batch = await self._collect(mq, op.count, stop)
-            await asyncio.to_thread(self.backend.assemble_batch, [sample for _, sample in batch])
+            await in_thread(self.backend.assemble_batch, [sample for _, sample in batch])
             return batch
         elif isinstance(op, tc.Train):
             return await self._train(op.batch)
