@@ -17,8 +17,8 @@ import argparse
 import statistics
 from typing import Any
 
-from bench import write_result
-from bench.where_time_goes import add_run_arguments, parse_sets, scenario_for
+from bench import parse_sets, write_result
+from bench.where_time_goes import add_run_arguments, scenario_for
 from shared.names import AccountingField as A
 from sim.model import Replica, Request
 from sim.run import Simulation

@@ -13,8 +13,11 @@ end to end with `services.launcher.run_job` and through `sim.run.simulate`, and 
 Targets (issue 10): wall within 10%, activations within 20% (or within 1 when both are small),
 mean mq_size within 20% (or within 2 samples when both are small).
 
-Run: ``python -m bench.sim_to_live [--config FILE ...] [--time-scale 0.1] [--versions] [--out FILE]``
-(the seed-shaped configs/sim_* take ~2 wall minutes each at their time_scale 0.05, ~4 at 0.1).
+Run: ``python -m bench.sim_to_live [--config FILE ...] [--time-scale 0.1] [--set KEY=VALUE ...]
+[--versions] [--out FILE]`` (the seed-shaped configs/sim_* take ~2 wall minutes each at their
+time_scale 0.05, ~4 at 0.1). A scenario is a config too; ``--set`` changes a key of every config
+(repeatable, YAML values), e.g. shorten ``scenarios/seed_qwen35_35b_a3b_32xh20.yaml`` with
+``--set data.total_rollout_steps=640``.
 The live system's own cost (Redis round trips, polls, CPU contention) is wall seconds per version,
 so its share of a version falls as time_scale grows; each row reports it (docs/simulator.md).
 """
@@ -30,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from bench import write_result
+from bench import parse_sets, write_result
 from services.launcher import run_job
 from shared.config import load_config
 from sim.run import simulate
@@ -42,7 +45,8 @@ DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yam
 WALL_TOLERANCE, ACTIVATION_TOLERANCE, MQ_TOLERANCE = 0.10, 0.20, 0.20
 
 
-PER_VERSION_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/param_sync", "timing_s/deactivate",
+PER_VERSION_KEYS = ("timing_s/step", "dynamic_resource/train_compute_time_s", "timing_s/gen",
+                    "timing_s/param_sync", "timing_s/deactivate",
                     "timing_s/wait_for_enough_samples", "dynamic_resource/mq_size",
                     "fully_async/rollouter/idle_ratio")
 """Per-version metrics shown side by side (``--versions``): where the two stories part."""
@@ -52,7 +56,8 @@ def _story(times_s: list[float], cycles: list[dict[str, float]], activations: in
            seconds_per_unit: float = 1.0) -> dict[str, Any]:
     mq = [c["dynamic_resource/mq_size"] for c in cycles]
     def scaled(key: str, cycle: dict[str, float]) -> float:
-        return cycle.get(key, float("nan")) / (seconds_per_unit if key.startswith("timing_s/") else 1.0)
+        seconds = key.startswith("timing_s/") or key.endswith("_time_s")
+        return cycle.get(key, float("nan")) / (seconds_per_unit if seconds else 1.0)
 
     per_version = [{"version_s": t - times_s[i - 1] if i else float("nan"),
                     **{key: scaled(key, c) for key in PER_VERSION_KEYS}}
@@ -85,13 +90,20 @@ def agreement(sim: dict[str, Any], run: dict[str, Any]) -> dict[str, bool]:
             "mean_mq_size": close("mean_mq_size", MQ_TOLERANCE, 2.0)}
 
 
-def rescaled(config_path: Path, out_dir: Path, *, time_scale: float, namespace: str = "") -> Path:
-    """A copy of the config in `out_dir` with another run.time_scale (and Redis namespace, if given)."""
+def rescaled(config_path: Path, out_dir: Path, *, time_scale: float | None = None, namespace: str = "",
+             changes: dict[str, Any] | None = None) -> Path:
+    """A copy of the config in `out_dir` with another run.time_scale (and Redis namespace, and dotted
+    keys, if given); `load_config` validates it."""
     raw = yaml.safe_load(config_path.read_text())
-    raw.setdefault("run", {})["time_scale"] = time_scale
-    if namespace:
-        raw["run"]["namespace"] = namespace
-    path = out_dir / f"{config_path.stem}_ts{time_scale:g}.yaml"
+    every = {**({"run.time_scale": time_scale} if time_scale is not None else {}),
+             **({"run.namespace": namespace} if namespace else {}), **(changes or {})}
+    for dotted, value in every.items():
+        *parents, leaf = dotted.split(".")
+        node = raw
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    path = out_dir / f"{config_path.stem}_ts{float(raw.get('run', {}).get('time_scale', 1.0)):g}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -143,11 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--versions", action="store_true", help="also print live/planner per version")
     parser.add_argument("--time-scale", type=float, default=None,
                         help="run every config at this run.time_scale instead of its own")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a dotted config key of every config (repeatable, YAML value)")
     args = parser.parse_args(argv)
+    changes = parse_sets(args.set)
     paths = [PROJECT_ROOT / c for c in (args.config or DEFAULT_CONFIGS)]  # an absolute c stays itself
     with tempfile.TemporaryDirectory(prefix="sim_to_live_configs_") as tmp:
-        if args.time_scale is not None:
-            paths = [rescaled(path, Path(tmp), time_scale=args.time_scale) for path in paths]
+        if args.time_scale is not None or changes:
+            paths = [rescaled(path, Path(tmp), time_scale=args.time_scale, changes=changes) for path in paths]
         rows = [compare(path, timeout_s=args.timeout_s) for path in paths]
     for row in rows:
         print(format_row(row))

@@ -19,9 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench import write_result
+from bench import parse_sets, write_result
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -61,17 +59,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--prompts", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
-
-
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """``--set KEY=VALUE`` items as config changes (YAML values)."""
-    changes: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
-        changes[key] = yaml.safe_load(value)
-    return changes
 
 
 def scenario_for(config: Path, *, policy: str, split: str = "", prompts: int = 0,

@@ -38,8 +38,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from shared.config import Config
 from sim.engine import Engine
-from sim.scenario import ReplicaTiming, WorkloadShape
+from sim.scenario import ReplicaTiming, WorkloadShape, engine_model
 
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 KV_ADMIT_WATERMARK = 0.95
@@ -71,6 +72,13 @@ class Workload:
                 response[rng.random((num_samples, n)) < cfg.max_length_share] = cfg.response_tokens_max
             low = 1
         self.response: list[list[int]] = np.clip(response, low, cfg.response_tokens_max).astype(int).tolist()
+
+    @classmethod
+    def from_config(cls, config: Config) -> Workload:
+        """The run's token lengths as the planner draws them: what the live sim engine decodes and the
+        live sim prompts measure (one draw, so a live run and the planner train the same tokens)."""
+        return cls(engine_model(config)[1], num_samples=config.data.total_rollout_steps, n=config.data.n,
+                   seed=config.run.seed)
 
     def sample_tokens(self, k: int) -> int:
         """Tokens the trainer processes for sample k (prompt once per trajectory + responses)."""

@@ -250,9 +250,8 @@ class Simulation:
     def _trainer(self) -> Proc:
         plan = self.cycle.run()
         result: Any = None
-        tcfg = self.scenario.trainer
-        if tcfg.validation_every_versions and tcfg.validation_before_train:
-            yield tcfg.validation_s
+        if self.scenario.trainer.validation_before_train_s:
+            yield self.scenario.trainer.validation_before_train_s
         while True:
             try:
                 op = plan.send(result)
@@ -277,7 +276,7 @@ class Simulation:
                 while not r.mq:
                     yield r.changed
                 batch.append(r.pop())
-            if self.scenario.trainer.collect_s:  # model hook: fetch + assemble the batch (sim.physics)
+            if self.scenario.trainer.collect_s:  # fetch + assemble the batch, inside timing_s/gen
                 yield self.scenario.trainer.collect_s
             return batch
         elif isinstance(op, tc.Train):
@@ -296,11 +295,12 @@ class Simulation:
     def _validate_after(self, event: TrainerEvent) -> Proc:
         """verl validates after the step timer of every ``test_freq``-th version: the trainer waits
         (wall time, not timing_s/step) while the rollouter keeps generating."""
-        every = self.scenario.trainer.validation_every_versions
-        if (every and event.phase is TrainerPhase.MICRO_STEP_DONE
-                and event.global_steps % self.limits.trigger_parameter_sync_step == 0
-                and event.version % every == 0):
-            yield self.scenario.trainer.validation_s
+        if event.phase is TrainerPhase.MICRO_STEP_DONE:
+            validation_s = self.scenario.trainer.validation_after_s(
+                global_steps=event.global_steps, version=event.version,
+                trigger_parameter_sync_step=self.limits.trigger_parameter_sync_step)
+            if validation_s:
+                yield validation_s
 
     def _on_trainer_event(self, event: TrainerEvent) -> None:
         if event.phase is TrainerPhase.COLLECTED:
@@ -332,11 +332,9 @@ class Simulation:
                                                                deactivate_ratio=float(ratio)))
 
     def _train_time_s(self, batch: Sequence[Sample]) -> float:
-        tcfg = self.scenario.trainer
-        tokens = sum(self.workload.sample_tokens(s.index) for s in batch)
-        self.trained_tokens += tokens
-        units = self.scenario.cluster.train_gpus // self.scenario.cluster.trainer_unit_gpus
-        return tcfg.fixed_s_per_micro_step + tokens / 1000.0 * tcfg.seconds_per_ktoken / tcfg.speedup(units)
+        tokens = [self.workload.sample_tokens(s.index) for s in batch]
+        self.trained_tokens += sum(tokens)
+        return self.scenario.trainer.micro_step_s(tokens)
 
     # -- entry -------------------------------------------------------------------
 

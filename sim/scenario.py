@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -140,12 +141,15 @@ class ReplicaTiming:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerTiming:
-    """Micro-step time = fixed + tokens * cost / speedup(train units)."""
+    """Micro-step time = fixed + tokens * cost / speedup(train units); the planner (``sim.run``) and the
+    live sim trainer (``services/trainer/sim_backend.py``) both time the trainer with it."""
 
     seconds_per_ktoken: float
     fixed_s_per_micro_step: float
     """Includes ``trainer.time_per_sample_s`` x samples per micro-step / ``trainer.num_gpus``."""
     scaling_efficiency: float
+    train_units: int = 1
+    """``trainer.num_gpus // simulator.trainer_unit_gpus``: what the scaling part is spread over."""
     collect_s: float = 0.0
     """Taking and assembling a micro-step's batch once its samples are queued (inside timing_s/gen):
     ``simulator.trainer.collect_s_per_sample`` x samples."""
@@ -157,6 +161,26 @@ class TrainerTiming:
 
     def speedup(self, units: int) -> float:
         return units * self.scaling_efficiency ** math.log2(units) if units > 1 else 1.0
+
+    def micro_step_s(self, sample_tokens: Iterable[float]) -> float:
+        """Modelled seconds of one micro-step over samples with these trained token counts (each:
+        its prompt once per trajectory + its responses, ``sim.model.Workload.sample_tokens``)."""
+        tokens = sum(sample_tokens)
+        return self.fixed_s_per_micro_step + tokens / 1000.0 * self.seconds_per_ktoken / self.speedup(
+            self.train_units)
+
+    @property
+    def validation_before_train_s(self) -> float:
+        """The validation before training (verl ``val_before_train``); 0 without one."""
+        return self.validation_s if self.validation_every_versions and self.validation_before_train else 0.0
+
+    def validation_after_s(self, *, global_steps: int, version: int,
+                           trigger_parameter_sync_step: int) -> float:
+        """The validation after micro-step ``global_steps`` (now at ``version``), once its metrics are
+        reported (verl validates after the step timer of every ``test_freq``-th version); 0 if none."""
+        every = self.validation_every_versions
+        due = every and global_steps % trigger_parameter_sync_step == 0 and version % every == 0
+        return self.validation_s if due else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +230,7 @@ class Scenario:
                                         gpus_per_replica=config.rollout.tensor_model_parallel_size,
                                         trainer_unit_gpus=sim.trainer_unit_gpus),
                    workload=_workload(config, flow.step_required), replica=_replica(config),
-                   trainer=_trainer(config, flow.ppo_mini_batch_size * flow.require_batches),
+                   trainer=trainer_timing(config),
                    costs=_costs(config))
 
     def with_changes(self, changes: dict[str, Any]) -> Scenario:
@@ -279,9 +303,13 @@ def _replica(config: Config) -> ReplicaTiming:
                                context_token_s=d.per_context_token_s, kv_capacity_tokens=d.kv_capacity_tokens)
 
 
-def _trainer(config: Config, samples_per_micro_step: int) -> TrainerTiming:
+def trainer_timing(config: Config) -> TrainerTiming:
+    """The trainer's timing, exactly as the planner derives it from ``config``: what the live sim
+    trainer (``services/trainer/sim_backend.py``) runs, so both time a batch alike."""
+    samples_per_micro_step = config.trainer.ppo_mini_batch_size * config.async_training.require_batches
     token_model = config.simulator.trainer
     per_sample_s = samples_per_micro_step * config.trainer.time_per_sample_s / config.trainer.num_gpus
+    units = config.trainer.num_gpus // config.simulator.trainer_unit_gpus
     phys = config.simulator.physics
     if phys is not None:  # the scaling part from the MFU, all of the rest in the fitted non-scaling part
         unit_gpus = config.simulator.trainer_unit_gpus
@@ -289,14 +317,14 @@ def _trainer(config: Config, samples_per_micro_step: int) -> TrainerTiming:
         mini_batches = max(1, samples_per_micro_step // config.trainer.ppo_mini_batch_size)  # optimizer steps
         return TrainerTiming(seconds_per_ktoken=trainer_s_per_ktoken(phys, unit_gpus),
                              fixed_s_per_micro_step=phys.train_non_scaling_s * mini_batches + per_sample_s,
-                             scaling_efficiency=1.0,
+                             scaling_efficiency=1.0, train_units=units,
                              collect_s=token_model.collect_s_per_sample * samples_per_micro_step,
                              validation_s=validation_s(phys, config.rollout.tensor_model_parallel_size),
                              validation_every_versions=val.every_versions if val else 0,
                              validation_before_train=val.before_train if val else False)
     return TrainerTiming(seconds_per_ktoken=token_model.seconds_per_ktoken,
                          fixed_s_per_micro_step=token_model.fixed_s_per_micro_step + per_sample_s,
-                         scaling_efficiency=token_model.scaling_efficiency,
+                         scaling_efficiency=token_model.scaling_efficiency, train_units=units,
                          collect_s=token_model.collect_s_per_sample * samples_per_micro_step)
 
 

@@ -22,24 +22,24 @@ from sim.scenario import Scenario
 SURROGATE_PARAMETERS = frozenset({"train_mfu", "train_non_scaling_s", "collect_s", "response_median_end"})
 
 
-def step_tokens(scenario: Scenario) -> np.ndarray:
-    """Trained tokens of every trainer step, in feed order."""
+def sample_tokens_per_step(scenario: Scenario) -> np.ndarray:
+    """Trained tokens of each sample (columns) of every trainer step (rows), in feed order."""
     cfg = scenario.async_training
     required = cfg.ppo_mini_batch_size * cfg.require_batches
     work = Workload(scenario.workload, num_samples=cfg.total_rollout_steps, n=cfg.n, seed=scenario.seed)
     per_sample = np.array(work.prompt, dtype=float) * cfg.n + np.array(work.response, dtype=float).sum(axis=1)
     steps = len(per_sample) // required
-    return per_sample[: steps * required].reshape(steps, required).sum(axis=1)
+    return per_sample[: steps * required].reshape(steps, required)
 
 
 def observe(scenario: Scenario, *, label: str, mq_size: float | None,
             step_unit: str = "micro_step") -> Observed:
     """What a consumption-bound run of ``scenario`` (already at the row's split and length) reports,
     per trainer step or (``step_unit`` 'version') per weight version; validations add wall time."""
-    tokens = step_tokens(scenario)
+    per_sample = sample_tokens_per_step(scenario)
+    tokens = per_sample.sum(axis=1)
     cluster, tr = scenario.cluster, scenario.trainer
-    units = cluster.train_gpus // cluster.trainer_unit_gpus
-    update = tr.fixed_s_per_micro_step + tokens / 1000.0 * tr.seconds_per_ktoken / tr.speedup(units)
+    update = np.array([tr.micro_step_s(row.tolist()) for row in per_sample])
     step = tr.collect_s + update
     gen = np.full(len(step), tr.collect_s)
     trigger = scenario.async_training.trigger_parameter_sync_step

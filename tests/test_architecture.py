@@ -51,13 +51,16 @@ def test_service_packages_never_import_each_other():
     assert not offenders
 
 
-def test_among_service_processes_only_the_sim_engine_imports_the_simulator():
-    # The sim engine is the planner's replica model on a wall clock (one timing model, not two copies);
-    # nothing else in a service process may lean on the simulator.
-    allowed = ROOT / "services" / "rollout_worker" / "sim_engine.py"
+def test_among_service_processes_only_the_sim_backends_import_the_simulator():
+    # The sim engine and the sim trainer are the planner's replica and trainer models on a wall clock,
+    # and the sim prompts its prompt lengths (one timing model, not two copies); nothing else in a
+    # service process may lean on the simulator.
+    allowed = {ROOT / "services" / "rollout_worker" / "sim_engine.py",
+               ROOT / "services" / "trainer" / "sim_backend.py",
+               ROOT / "services" / "rollouter" / "prompts.py"}
     offenders = [f"{path.relative_to(ROOT)} imports {name}" for service in SERVICE_PACKAGES
                  for path in (ROOT / "services" / service).rglob("*.py")
-                 if path != allowed for name in imports(path) if name.split(".")[0] == "sim"]
+                 if path not in allowed for name in imports(path) if name.split(".")[0] == "sim"]
     assert not offenders
 
 

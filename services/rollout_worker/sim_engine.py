@@ -66,9 +66,8 @@ class SimEngine:
     """A simulated replica. Not thread-safe; one per event loop."""
 
     def __init__(self, *, config: Config, hybrid: bool) -> None:
-        self.timing, shape = engine_model(config)
-        self.workload = Workload(shape, num_samples=config.data.total_rollout_steps, n=config.data.n,
-                                 seed=config.run.seed)
+        self.timing, _ = engine_model(config)
+        self.workload = Workload.from_config(config)
         self.sleep_costs = config.rollout.sim
         self.time_scale = config.run.time_scale
         self.prompt_length = config.data.prompt_length
@@ -99,8 +98,10 @@ class SimEngine:
         assert self.clock is not None and self._replica is not None, "generate before start"
         if self.paused:
             return EngineOutput(token_ids=[], logprobs=[], finish_reason=FinishReason.ABORT)
-        k, j = self._indices(request_id)
-        generated_so_far = max(0, len(prompt_token_ids) - self.prompt_length)
+        k, j, known = self._indices(request_id)
+        # the sim prompts of sample k are the planner's prompt[k] tokens long (services/rollouter/prompts.py)
+        prompt_tokens = self.workload.prompt[k] if known else self.prompt_length
+        generated_so_far = max(0, len(prompt_token_ids) - prompt_tokens)
         response = self.workload.response[k][j]
         target = min(max(response, generated_so_far + 1), generated_so_far + max_tokens)
         self._serial += 1
@@ -120,8 +121,9 @@ class SimEngine:
         logprobs = (-0.1 - rng.random(num_tokens)).tolist()
         return EngineOutput(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason)
 
-    def _indices(self, request_id: str) -> tuple[int, int]:
-        """(sample index, trajectory) of `sample_0_K/j`; any other id maps onto a drawn pair."""
+    def _indices(self, request_id: str) -> tuple[int, int, bool]:
+        """(sample index, trajectory, True) of `sample_0_K/j`; any other id maps onto a drawn pair
+        (False)."""
         sample_id, _, trajectory = request_id.rpartition("/")
         try:
             k, j = sample_index(sample_id), int(trajectory)
@@ -130,8 +132,8 @@ class SimEngine:
         num_samples, n = len(self.workload.response), len(self.workload.response[0])
         if not (0 <= k < num_samples and 0 <= j < n):
             draw = zlib.crc32(request_id.encode())
-            k, j = draw % num_samples, (draw // num_samples) % n
-        return k, j
+            return draw % num_samples, (draw // num_samples) % n, False
+        return k, j, True
 
     def _on_finish(self, replica: Replica, req: Request) -> None:
         self._resolve(req, FinishReason.STOP)

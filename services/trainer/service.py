@@ -32,6 +32,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from core import trainer_cycle as tc
@@ -54,6 +55,7 @@ from shared.schema import (
     CommandAction,
     PushGroupReport,
     Sample,
+    TrainerPhase,
     TrainerReply,
     WeightSyncReport,
     decode,
@@ -67,7 +69,14 @@ PUSH_CALL_TIMEOUT_S = 300.0
 
 
 class TrainerBackend(Protocol):
+    def assemble_batch(self, samples: list[Any]) -> None:
+        """A micro-step's batch is collected: prepare it (inside timing_s/gen)."""
+
     def train_micro_step(self, samples: list[Any]) -> dict[str, float]: ...
+
+    def validate(self, *, global_steps: int, version: int) -> None:
+        """After micro-step `global_steps` reported (0: before training), outside timing_s/step, as
+        verl's _fit_validate; the backend decides whether this step validates."""
 
     def export_weights(self, version: int) -> str | None: ...
 
@@ -163,6 +172,7 @@ class Trainer:
     async def _run_cycle(self, replies: Subscription, mq: StreamConsumer, stop: asyncio.Event) -> None:
         plan = self.cycle.run()
         result: Any = None
+        await in_thread(partial(self.backend.validate, global_steps=0, version=self.cycle.version))
         try:
             while not stop.is_set():
                 try:
@@ -180,12 +190,17 @@ class Trainer:
             await self.bus.publish(names.trainer_events, op.event)
             if isinstance(op, tc.Handshake):
                 return await self._await_reply(replies, stop, op)
+            if op.event.phase is TrainerPhase.MICRO_STEP_DONE:
+                await in_thread(partial(self.backend.validate, global_steps=op.event.global_steps,
+                                        version=op.event.version))
         elif isinstance(op, tc.AcquireGpu):
             await in_thread(self.backend.acquire_gpu)
         elif isinstance(op, tc.QueueSize):
             return await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
         elif isinstance(op, tc.Collect):
-            return await self._collect(mq, op.count, stop)
+            batch = await self._collect(mq, op.count, stop)
+            await in_thread(self.backend.assemble_batch, [sample for _, sample in batch])
+            return batch
         elif isinstance(op, tc.Train):
             return await self._train(op.batch)
         elif isinstance(op, tc.MarkTrained):

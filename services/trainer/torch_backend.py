@@ -189,6 +189,12 @@ class TorchGRPOTrainer:
             **stats,
         }
 
+    def assemble_batch(self, samples: Sequence[SampleLike]) -> None:
+        """Nothing to prepare ahead: the batch is packed in the micro-step."""
+
+    def validate(self, *, global_steps: int, version: int) -> None:
+        """No validation set here (the addition task's reward is the training signal)."""
+
     def _update(self, samples: Sequence[SampleLike], advantages: list[list[float]]) -> dict[str, float]:
         prompts: list[list[int]] = []
         responses: list[list[int]] = []
