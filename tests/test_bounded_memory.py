@@ -169,9 +169,9 @@ async def test_entries_trimmed_before_a_drain_reached_them_are_counted_as_missed
 @pytest.mark.timeout(300)
 def test_a_run_whose_audit_outgrows_the_cap_still_exports_every_event_to_audit_jsonl(
         redis_server: RedisServer, tmp_path: Path) -> None:
-    config = live_config(tmp_path, time_scale=0.005, total_rollout_steps=320,
+    config = live_config(tmp_path, time_scale=0.005, total_rollout_steps=1024,
                          run={"event_stream_maxlen": 1000})
-    data = yaml.safe_load(config.read_text())  # a version every 8 prompts: ~1,600 audit events
+    data = yaml.safe_load(config.read_text())  # a version every 8 prompts: 128 versions, >1,000 audit events
     data["trainer"]["ppo_mini_batch_size"] = 4
     data["async_training"]["trigger_parameter_sync_step"] = 2
     config.write_text(yaml.safe_dump(data))
