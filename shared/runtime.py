@@ -123,7 +123,7 @@ stuck loop may hold the log's lock, or be stuck writing to a full pipe)."""
 
 
 class _StuckLoopWatchdog:
-    """A thread, not a task (a stuck event loop runs no task), started by `run_until_stopped`: ends the
+    """A thread, not a task (a stuck event loop cannot run one), started by `run_until_stopped`: ends the
     process with status 1 once one of its loops has not beaten for `budget_s` while the process ran.
 
     It judges only from the moment the service's body starts its loops (its `supervise`), counting
@@ -161,13 +161,13 @@ class _StuckLoopWatchdog:
 
 
 def _event_loop_at(loop: asyncio.AbstractEventLoop, thread_id: int) -> str:
-    """Where the event loop is: a task stuck in a blocking call is the one running now."""
+    """Where the event loop is: when a blocking call holds it, the task running now is the culprit."""
     task = asyncio.current_task(loop)
     frame = sys._current_frames().get(thread_id)
     if task is None or frame is None:
-        return "the event loop is free (a loop waits for what never comes, without a beat)"
+        return "the event loop runs no task (a loop waits for what never comes, without a beat)"
     code = frame.f_code
-    return (f"the event loop is blocked in task {task.get_name()} at {code.co_filename}:{frame.f_lineno} "
+    return (f"the event loop runs task {task.get_name()} at {code.co_filename}:{frame.f_lineno} "
             f"({code.co_name})")
 
 

@@ -3,7 +3,8 @@ real Redis): a process whose loop fails exits non-zero within seconds, also when
 not cancel; a hung process and a stuck loop are reported unhealthy by `python -m shared.health`, and
 a stuck loop makes the controller's /healthz answer 503; a process whose loop is stuck (a blocking call on
 its event loop, a wait that never beats) exits non-zero by itself, while one whose loops wait on stream
-reads or on a live peer (or whose start-up blocks) for longer than that budget keeps running."""
+reads or on a live peer (or whose start-up blocks, or that was stopped) for longer than that budget
+keeps running."""
 
 from __future__ import annotations
 
@@ -249,12 +250,12 @@ def test_a_load_balancer_whose_route_loop_gets_stuck_exits_non_zero_within_its_b
     stuck = [line for line in log.read_text().splitlines() if "is stuck" in line]
     assert len(stuck) == 1 and "service loadbalancer is stuck: no progress in loadbalancer." in stuck[0]
     if how == "blocks":  # every loop stops; the one to blame is the task the event loop is running
-        assert "the event loop is blocked in task loadbalancer.route at " in stuck[0]
+        assert "the event loop runs task loadbalancer.route at " in stuck[0]
         sleep_line = 1 + next(n for n, line in enumerate(STUCK_LB.splitlines()) if "time.sleep(" in line)
         assert f"stuck_lb.py:{sleep_line} (dispatch_unless_flagged)" in stuck[0]
     else:  # the event loop is free: the other loops go on beating, only route is named
         assert "no progress in loadbalancer.route " in stuck[0] and "loadbalancer.relay" not in stuck[0]
-        assert "the event loop is free" in stuck[0]
+        assert "the event loop runs no task" in stuck[0]
 
 
 PEER_WAITER = """
@@ -303,3 +304,24 @@ def test_services_starting_up_or_waiting_on_stream_reads_or_a_live_peer_past_the
                 proc.kill()
                 proc.wait()
     assert "is stuck" not in (tmp_path / "lb.log").read_text() + (tmp_path / "waiter.log").read_text()
+
+
+def test_a_service_stopped_past_its_budget_then_continued_is_not_taken_for_a_stuck_one(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    config, names = write_config(tmp_path, loop_stale_s=STALE_S, hung_grace_s=GRACE_S), Names("sup")
+    balancer = spawn("services.loadbalancer", config, redis_server.url, tmp_path / "lb.log")
+    try:
+        with redis.Redis.from_url(redis_server.url) as client:
+            wait_for_health_key(client, names, "loadbalancer", LB_LOOPS)
+        redis_server.freeze()  # the whole host paused (docker pause of every container), and then
+        balancer.send_signal(signal.SIGSTOP)  # no thread of the service runs, no loop beats
+        time.sleep(1.5 * BUDGET_S)
+        balancer.send_signal(signal.SIGCONT)
+        time.sleep(2 * STUCK_POLL_S)  # Redis resumes last: till then no loop can beat, but the watchdog runs
+        redis_server.thaw()
+        time.sleep(BUDGET_S + STUCK_POLL_S)  # every loop got its budget afresh at the resume
+        assert balancer.poll() is None
+    finally:
+        balancer.kill()
+        balancer.wait()
+    assert "is stuck" not in (tmp_path / "lb.log").read_text()
