@@ -118,6 +118,12 @@ class RunConfig(_Section):
         """`hung_grace_s`, or `loop_stale_s` when unset."""
         return self.loop_stale_s if self.hung_grace_s is None else self.hung_grace_s
 
+    @property
+    def stuck_loop_exit_s(self) -> float:
+        """A service loop without a beat for this long ends its own process (shared.runtime): the
+        launcher's budget for a hung child, `loop_stale_s` + `hang_grace_s` (240 s by default)."""
+        return self.loop_stale_s + self.hang_grace_s
+
 
 class DataConfig(_Section):
     total_rollout_steps: Count

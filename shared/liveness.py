@@ -41,8 +41,9 @@ class Liveness:
 
     def ages(self) -> dict[str, float]:
         """Seconds since each running loop's last beat."""
+        beats = dict(self.beats)  # one copy: the stuck-loop watchdog reads this from its own thread
         now = time.monotonic()
-        return {name: round(now - at, 3) for name, at in sorted(self.beats.items())}
+        return {name: round(now - at, 3) for name, at in sorted(beats.items())}
 
 
 LIVENESS = Liveness()

@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import AbstractRetry
 from redis.retry import Retry as SyncRetry
 
+from shared.liveness import beat
 from shared.names import REDIS_RETRY_WINDOW_S as RETRY_WINDOW_S
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ class WindowRetry(_Windowed[RedisError], Retry):
                     await (fail(error, failures) if with_failure_count else fail(error))
                     if (wait_s := self.window.wait_s(error, failures)) is None:
                         raise
+                    beat()  # waiting for Redis within the window is a wait that ends, not a stuck loop
                     await asyncio.sleep(wait_s)
 
 

@@ -10,6 +10,11 @@ its restart policy (compose's `restart:`, the launcher) starts a fresh one. A
 process never lingers half-alive: once a loop has failed, a watchdog ends the
 process (status 1) if shutdown has not finished within EXIT_GRACE_S (a loop that
 will not cancel, a thread stuck in a call).
+
+A loop that is stuck without failing (a blocking call on the event loop, tasks deadlocked, a wait
+that never beats) ends the process too: a watchdog thread exits it (status 1) once a loop has not
+beaten for `run.stuck_loop_exit_s`, the budget after which the launcher would kill it as hung. So
+compose's `restart:` restarts it as after a crash (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from shared.bus import Bus
 from shared.config import Config, RunConfig, load_config
-from shared.liveness import LIVENESS, beat, current_loop
+from shared.liveness import LIVENESS, beat, current_loop, stale_loops
 from shared.names import Names
 from shared.streams import connect
 
@@ -106,6 +112,74 @@ class _ExitWatchdog:
 
 
 _WATCHDOG = _ExitWatchdog()
+STUCK_POLL_S = 1.0
+"""The stuck-loop watchdog reads the loops' ages this often."""
+PAUSED_AFTER_S = 2.0
+"""A watchdog poll this much later than due means the whole process was not running (SIGSTOP, docker
+pause, a suspended host): every loop then gets its budget afresh, counted from the resume."""
+LOG_TIMEOUT_S = 1.0
+"""The stuck-loop watchdog exits this long after it started logging why, even if the log blocks (a
+stuck loop may hold the log's lock, or be stuck writing to a full pipe)."""
+
+
+class _StuckLoopWatchdog:
+    """A thread, not a task (a stuck event loop cannot run one), started by `run_until_stopped`: ends the
+    process with status 1 once one of its loops has not beaten for `budget_s` while the process ran.
+
+    It judges only from the moment the service's body starts its loops (its `supervise`), counting
+    every loop's budget from then: a start-up that blocks the event loop (a vLLM engine loading for
+    minutes) is not judged. Waits on a stream read, a peer's ack or a worker thread beat
+    (shared.liveness), so a loop that waits is never taken for a stuck one. Time the process did not
+    run at all is not counted (a stopped process cannot act; the launcher handles that case)."""
+
+    def __init__(self) -> None:
+        self.loops_started = threading.Event()
+
+    def start(self, service: str, budget_s: float) -> None:
+        """Watch the running event loop (call from it)."""
+        args = (service, budget_s, asyncio.get_running_loop(), threading.get_ident())
+        threading.Thread(target=self._watch, args=args, name="stuck-loop-watchdog", daemon=True).start()
+
+    def _watch(self, service: str, budget_s: float, loop: asyncio.AbstractEventLoop, thread_id: int) -> None:
+        self.loops_started.wait()
+        judged_since = last_poll = time.monotonic()
+        while True:
+            time.sleep(STUCK_POLL_S)
+            now = time.monotonic()
+            if now - last_poll > STUCK_POLL_S + PAUSED_AFTER_S:
+                judged_since = now
+            last_poll = now
+            if now - judged_since <= budget_s:
+                continue
+            ages = LIVENESS.ages()
+            stuck = sorted(stale_loops(ages, budget_s), key=ages.__getitem__, reverse=True)
+            if stuck:
+                loops = ", ".join(f"{name} {ages[name]:.1f}s" for name in stuck)
+                _exit_stuck(f"service {service} is stuck: no progress in {loops} (more than "
+                            f"run.loop_stale_s + run.hung_grace_s = {budget_s:g}s); "
+                            f"{_event_loop_at(loop, thread_id)}")
+
+
+def _event_loop_at(loop: asyncio.AbstractEventLoop, thread_id: int) -> str:
+    """Where the event loop is: when a blocking call holds it, the task running now is the culprit."""
+    task = asyncio.current_task(loop)
+    frame = sys._current_frames().get(thread_id)
+    if task is None or frame is None:
+        return "the event loop runs no task (a loop waits for what never comes, without a beat)"
+    code = frame.f_code
+    return (f"the event loop runs task {task.get_name()} at {code.co_filename}:{frame.f_lineno} "
+            f"({code.co_name})")
+
+
+def _exit_stuck(line: str) -> None:
+    writer = threading.Thread(target=log.critical, args=(f"{line}; exiting with status 1 so that it is "
+                                                         "restarted",), daemon=True)
+    writer.start()
+    writer.join(LOG_TIMEOUT_S)
+    os._exit(1)
+
+
+_STUCK = _StuckLoopWatchdog()
 _LOGGED = "_dynsched_loop_failure_logged"
 """Marks an exception its loop has logged, so the loops it passes through on its way out do not."""
 
@@ -116,7 +190,8 @@ async def supervise(loops: Mapping[str, Coroutine[Any, Any, None]]) -> None:
     process exits non-zero. Each loop is named for liveness (shared.liveness); the caller's own
     loop, if any, is represented by these while they run."""
     outer = current_loop()
-    if outer is not None:
+    if outer is not None:  # a service's body starting its loops: its start-up is over
+        _STUCK.loops_started.set()
         LIVENESS.leave(outer)
     try:
         async with asyncio.TaskGroup() as group:
@@ -170,12 +245,14 @@ def run_until_stopped(body: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, N
                       names: Names, service: str, run: RunConfig) -> None:
     """Run `body(bus, stop)` as the loop `service`, next to the loop publishing this process's
     health (shared.health); SIGTERM/SIGINT set `stop`. A failed loop exits the process with
-    status 1 (promptly: see `supervise`); the Redis client is closed in `finally`. Redis calls
+    status 1 (promptly: see `supervise`), and so does a loop stuck for `run.stuck_loop_exit_s`
+    once the body's loops run (`_StuckLoopWatchdog`); the Redis client is closed in `finally`. Redis calls
     retry for `run.redis_retry_window_s`; readers trim by `run.stream_retention_s`; the streams no
     group reads are capped at `run.event_stream_maxlen`."""
     from shared.health import publish_health  # health imports this module
 
     async def main() -> None:
+        _STUCK.start(service, run.stuck_loop_exit_s)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

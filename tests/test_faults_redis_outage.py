@@ -17,8 +17,9 @@ import redis
 from services import launcher
 from services.cli import main
 from services.launcher import DUPLICATED, LOST
+from shared.liveness import LIVENESS
 from shared.names import AccountingField, RunStateField, RunStatus, SampleState
-from shared.redis_client import connect
+from shared.redis_client import BACKOFF_CAP_S, connect
 from shared.runtime import free_port
 from tests.conftest import RedisServer
 from tests.live_run import live_config, wait_for
@@ -119,16 +120,20 @@ def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_s
 async def test_a_redis_call_waits_out_an_outage_within_the_window_and_fails_after_it(tmp_path: Path) -> None:
     server = RedisServer(workdir=tmp_path / "redis", port=free_port())
     client = connect(server.url, retry_window_s=3.0)
+    LIVENESS.enter("test.redis_waiter")
     try:
         started_s = time.monotonic()
         with pytest.raises(redis.ConnectionError):
             await client.ping()  # nothing listens there yet
         assert 2.5 <= time.monotonic() - started_s < 6.0
+        # the calling loop beat at every retry: waiting out the window is not a stuck loop
+        assert LIVENESS.ages()["test.redis_waiter"] <= BACKOFF_CAP_S + 0.5
         later = asyncio.get_running_loop().run_in_executor(None, lambda: (time.sleep(1.0), server.start()))
         started_s = time.monotonic()
         assert await client.set("k", "v")  # Redis comes up 1 s into the window
         assert 0.9 <= time.monotonic() - started_s < 3.0
         await later
     finally:
+        LIVENESS.leave("test.redis_waiter")
         await client.aclose()
         server.stop()

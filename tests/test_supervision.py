@@ -1,7 +1,10 @@
 """Supervised loops and liveness, as a restart policy and a healthcheck see them (real processes,
 real Redis): a process whose loop fails exits non-zero within seconds, also when another loop will
 not cancel; a hung process and a stuck loop are reported unhealthy by `python -m shared.health`, and
-a stuck loop makes the controller's /healthz answer 503."""
+a stuck loop makes the controller's /healthz answer 503; a process whose loop is stuck (a blocking call on
+its event loop, a wait that never beats) exits non-zero by itself, while one whose loops wait on stream
+reads or on a live peer (or whose start-up blocks, or that was stopped) for longer than that budget
+keeps running."""
 
 from __future__ import annotations
 
@@ -28,13 +31,16 @@ from shared.config import config_to_dict
 from shared.health import main as health_main
 from shared.liveness import LIVENESS
 from shared.names import HEALTH_TTL_S, Names
-from shared.runtime import EXIT_GRACE_S, THREAD_BEAT_S, in_thread
+from shared.runtime import EXIT_GRACE_S, STUCK_POLL_S, THREAD_BEAT_S, in_thread
 from shared.streams import connect
 from tests.conftest import RedisServer
 from tests.stack import sim_config
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 20.0
+STALE_S, GRACE_S = 3.0, 1.0
+"""A small stuck-loop budget (run.loop_stale_s + run.hung_grace_s = 4 s), above a stream read's 2 s block."""
+BUDGET_S = STALE_S + GRACE_S
 LB_LOOPS = frozenset({"loadbalancer.route", "loadbalancer.relay", "loadbalancer.watch",
                       "loadbalancer.commands", "loadbalancer.health"})
 
@@ -46,9 +52,13 @@ def write_config(tmp_path: Path, **run: object) -> Path:
 
 
 def spawn(module: str, config: Path, redis_url: str, log: Path) -> subprocess.Popen[bytes]:
+    return spawn_python(["-m", module, "--config", str(config), "--redis-url", redis_url], log)
+
+
+def spawn_python(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """`python ARGV` from the repository root, its output (stdout and stderr) to `log`."""
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", module, "--config", str(config),
-                                 "--redis-url", redis_url], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        return subprocess.Popen([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
@@ -202,3 +212,116 @@ async def test_a_loop_waiting_on_a_long_worker_thread_keeps_beating() -> None:
 
     assert await asyncio.create_task(loop_waiting_on(in_thread)) < 2 * THREAD_BEAT_S
     assert await asyncio.create_task(loop_waiting_on(asyncio.to_thread)) > 2.5 * THREAD_BEAT_S  # no beats
+
+
+STUCK_LB = """
+import asyncio, pathlib, sys, time
+from services.loadbalancer import __main__ as lb_main
+from services.loadbalancer.service import LoadBalancer
+
+flag, how = pathlib.Path(sys.argv[1]), sys.argv[2]
+dispatch = LoadBalancer._dispatch_waiting
+
+async def dispatch_unless_flagged(self, sub):  # fault injection: the route loop gets stuck
+    if flag.exists():
+        if how == "blocks":
+            time.sleep(3600)  # a blocking call on the event loop: no loop moves
+        await asyncio.Event().wait()  # a wait that never ends and never beats: only this loop stops
+    await dispatch(self, sub)
+
+LoadBalancer._dispatch_waiting = dispatch_unless_flagged
+lb_main.main(sys.argv[3:])
+"""
+
+
+@pytest.mark.parametrize("how", ["blocks", "awaits"])
+def test_a_load_balancer_whose_route_loop_gets_stuck_exits_non_zero_within_its_budget(
+        how: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    config, names = write_config(tmp_path, loop_stale_s=STALE_S, hung_grace_s=GRACE_S), Names("sup")
+    script, flag, log = tmp_path / "stuck_lb.py", tmp_path / "stuck", tmp_path / "lb.log"
+    script.write_text(STUCK_LB)
+    proc = spawn_python([str(script), str(flag), how, "--config", str(config),
+                         "--redis-url", redis_server.url], log)
+    with redis.Redis.from_url(redis_server.url) as client:
+        wait_for_health_key(client, names, "loadbalancer", LB_LOOPS)
+    flag.touch()
+    code, took_s = exit_code_within(proc, timeout_s=BUDGET_S + 20)
+    assert code == 1 and BUDGET_S - 1 < took_s < BUDGET_S + STUCK_POLL_S + 4
+    stuck = [line for line in log.read_text().splitlines() if "is stuck" in line]
+    assert len(stuck) == 1 and "service loadbalancer is stuck: no progress in loadbalancer." in stuck[0]
+    if how == "blocks":  # every loop stops; the one to blame is the task the event loop is running
+        assert "the event loop runs task loadbalancer.route at " in stuck[0]
+        sleep_line = 1 + next(n for n, line in enumerate(STUCK_LB.splitlines()) if "time.sleep(" in line)
+        assert f"stuck_lb.py:{sleep_line} (dispatch_unless_flagged)" in stuck[0]
+    else:  # the event loop is free: the other loops go on beating, only route is named
+        assert "no progress in loadbalancer.route " in stuck[0] and "loadbalancer.relay" not in stuck[0]
+        assert "the event loop runs no task" in stuck[0]
+
+
+PEER_WAITER = """
+import sys, time
+from shared.config import RunConfig
+from shared.names import Names
+from shared.rpc import CommandClient
+from shared.runtime import run_until_stopped, supervise
+from shared.vocab import CommandAction
+
+async def wait_on_a_live_peer(bus):
+    client = CommandClient(bus, timeout_s=3600, max_attempts=1)
+    await client.start()
+    await client.call("sup:test:peer:commands", CommandAction.RESUME, lease_key="sup:test:peer:lease")
+
+async def body(bus, stop):
+    time.sleep(float(sys.argv[4]))  # a start-up that blocks the event loop (an engine loading): not judged
+    await supervise({"waiter.peer": wait_on_a_live_peer(bus)})
+
+run_until_stopped(body, redis_url=sys.argv[1], names=Names("sup"), service="waiter",
+                  run=RunConfig(namespace="sup", loop_stale_s=float(sys.argv[2]),
+                                hung_grace_s=float(sys.argv[3])))
+"""
+
+
+def test_services_starting_up_or_waiting_on_stream_reads_or_a_live_peer_past_the_budget_keep_running(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    config, names = write_config(tmp_path, loop_stale_s=STALE_S, hung_grace_s=GRACE_S), Names("sup")
+    script = tmp_path / "peer_waiter.py"
+    script.write_text(PEER_WAITER)
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.set("sup:test:peer:lease", b"alive")  # the peer lives, it just never answers
+        balancer = spawn("services.loadbalancer", config, redis_server.url, tmp_path / "lb.log")
+        waiter = spawn_python([str(script), redis_server.url, str(STALE_S), str(GRACE_S),
+                               str(1.5 * BUDGET_S)], tmp_path / "waiter.log")
+        try:
+            wait_for_health_key(client, names, "loadbalancer", LB_LOOPS)
+            wait_for_health_key(client, names, "waiter", frozenset({"waiter.peer"}))  # after its start-up
+            time.sleep(3 * BUDGET_S)  # idle reads, and a command nobody acks
+            assert balancer.poll() is None and waiter.poll() is None
+            for service in ("loadbalancer", "waiter"):
+                ages = json.loads(client.get(names.health(service)) or b"{}")
+                assert ages and max(ages.values()) < STALE_S, (service, ages)
+        finally:
+            for proc in (balancer, waiter):
+                proc.kill()
+                proc.wait()
+    assert "is stuck" not in (tmp_path / "lb.log").read_text() + (tmp_path / "waiter.log").read_text()
+
+
+def test_a_service_stopped_past_its_budget_then_continued_is_not_taken_for_a_stuck_one(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    config, names = write_config(tmp_path, loop_stale_s=STALE_S, hung_grace_s=GRACE_S), Names("sup")
+    balancer = spawn("services.loadbalancer", config, redis_server.url, tmp_path / "lb.log")
+    try:
+        with redis.Redis.from_url(redis_server.url) as client:
+            wait_for_health_key(client, names, "loadbalancer", LB_LOOPS)
+        redis_server.freeze()  # the whole host paused (docker pause of every container), and then
+        balancer.send_signal(signal.SIGSTOP)  # no thread of the service runs, no loop beats
+        time.sleep(1.5 * BUDGET_S)
+        balancer.send_signal(signal.SIGCONT)
+        time.sleep(2 * STUCK_POLL_S)  # Redis resumes last: till then no loop can beat, but the watchdog runs
+        redis_server.thaw()
+        time.sleep(BUDGET_S + STUCK_POLL_S)  # every loop got its budget afresh at the resume
+        assert balancer.poll() is None
+    finally:
+        balancer.kill()
+        balancer.wait()
+    assert "is stuck" not in (tmp_path / "lb.log").read_text()
