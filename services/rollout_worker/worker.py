@@ -9,7 +9,9 @@ A request that reaches a replica that is not SERVING (removed, aborted,
 asleep) is answered at once with finish_reason 'rejected' and zero tokens, so
 the rollouter retries it elsewhere: requests are never parked here.
 
-Clean stop: in-flight generations are aborted and their partial tokens sent
+A result and the XACK of its request go in one MULTI (with every other result
+queued meanwhile), so a crash never leaves a sent result with its request still
+pending. Clean stop: in-flight generations are aborted and their partial tokens sent
 back (the rollouter resumes them elsewhere), then the loops end. Crash:
 unacked requests and commands stay pending in this replica's consumer groups
 and are replayed when a worker with the same replica id starts again;
