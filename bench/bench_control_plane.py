@@ -38,13 +38,14 @@ import yaml
 from bench import write_result
 from bench.bench_mq import throwaway_redis
 from core import controller as cc
+from core import executor as ex
 from services.controller.executor import Executor
 from services.controller.service import build_core
 from shared.bus import Bus
 from shared.config import Config, config_from_dict
 from shared.names import Names
 from shared.rpc import CommandClient
-from shared.schema import CommandAction
+from shared.schema import CommandAction, WeightSyncReport
 from shared.streams import connect
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -163,7 +164,8 @@ async def run_switches(config: Config, redis_url: str, *, num_switches: int, dwe
     bus = Bus(connect(redis_url), Names(config.run.namespace))
     rpc = CommandClient(bus, timeout_s=COMMAND_TIMEOUT_S, max_attempts=1)
     core = build_core(config)
-    executor = Executor(bus=bus, rpc=rpc, standalone_ids=config.standalone_ids, weights_path="")
+    executor = Executor(bus=bus, rpc=rpc)
+    runner = ex.ExecutorCore(core=core, clock=time.monotonic)
     scale, standalones = config.run.time_scale, config.standalone_ids
     rows: dict[str, list[dict[str, float]]] = {"activate": [], "deactivate": []}
     per_command: dict[str, list[float]] = defaultdict(list)
@@ -179,15 +181,15 @@ async def run_switches(config: Config, redis_url: str, *, num_switches: int, dwe
             activate = core.begin_sync(global_steps=step, version=i + 1, total_generated_samples=0,
                                        completed_steps=1)
             assert core.mode is cc.Mode.ACTIVATING, f"forced activation did not activate: {core.mode}"
-            rows["activate"].append(await timed(executor, activate, per_command, sim, scale, standalones,
-                                                "activate"))
+            rows["activate"].append(await timed(executor, runner, activate, per_command, sim, scale,
+                                                standalones, "activate"))
             core.finish_activate(rows["activate"][-1]["switch_s"])
             core.finish_sync(step)
             await asyncio.sleep(dwell_s)
             core.force(False)
             deactivate = core.begin_micro_step(step + 1)
-            rows["deactivate"].append(await timed(executor, deactivate, per_command, sim, scale, standalones,
-                                                  "deactivate"))
+            rows["deactivate"].append(await timed(executor, runner, deactivate, per_command, sim, scale,
+                                                  standalones, "deactivate"))
             core.finish_deactivate(rows["deactivate"][-1]["switch_s"])
             await asyncio.sleep(dwell_s)
         mq = await bus.redis.xlen(bus.names.mq)
@@ -207,14 +209,15 @@ async def run_switches(config: Config, redis_url: str, *, num_switches: int, dwe
     return out
 
 
-async def timed(executor: Executor, commands: list[cc.Command], per_command: dict[str, list[float]],
+async def timed(executor: Executor, runner: ex.ExecutorCore, commands: list[cc.Command],
+                per_command: dict[str, list[float]],
                 sim: dict[str, float], scale: float, standalones: tuple[str, ...],
                 prefix: str) -> dict[str, float]:
     """Run `commands` in order through the executor, one by one, timing each."""
     row = {"switch_s": 0.0, "modelled_s": 0.0, "other_s": 0.0}
     for command in commands:
         started = time.perf_counter()
-        await executor.execute([command])
+        await perform(executor, runner.execute([command]))
         elapsed = time.perf_counter() - started
         modelled = engine_time_s(command, sim, scale, standalones)
         key = "switch_s" if is_switch(command, standalones) else "other_s"
@@ -223,6 +226,26 @@ async def timed(executor: Executor, commands: list[cc.Command], per_command: dic
             row["modelled_s"] += modelled
             per_command[f"{prefix}/{command.kind}"].append(elapsed - modelled)
     return row
+
+
+async def perform(executor: Executor, plan: ex.Plan[Any]) -> None:
+    """Perform a plan's operations in order, as the controller service's `_drive` does (no checkpoint
+    to persist here). No trainer runs here: a weight sync is the trainer's filesystem reload, done
+    by this process (update_weights to each replica, every ack awaited)."""
+    result: Any = None
+    while True:
+        try:
+            op = plan.send(result)
+        except StopIteration:
+            return
+        if isinstance(op, ex.SyncReplicas):
+            names = executor.bus.names
+            await executor.rpc.call_peers(
+                [(names.worker_commands(r), names.worker_heartbeat(r)) for r in op.replica_ids],
+                CommandAction.UPDATE_WEIGHTS, version=op.version, weights_path=op.weights_path)
+            result = WeightSyncReport(replica_ids=list(op.replica_ids), version=op.version)
+        else:
+            result = None if isinstance(op, ex.Checkpoint) else await executor.perform(op)
 
 
 def run_scenario(name: str, *, num_switches: int, num_standalone: int, num_hybrid: int, time_scale: float,

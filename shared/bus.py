@@ -113,6 +113,14 @@ class Subscription:
         if entry_ids:
             await self.consumer.ack(list(entry_ids))
 
+    async def answer(self, stream: str, answers: Sequence[tuple[str, schema.Message]]) -> None:
+        """Publish each answer to ``stream`` and ack the entry it answers, in one MULTI (one round
+        trip for all): a crash leaves an answer sent and its entry acked, or neither (replayed)."""
+        if answers:
+            await self.consumer.publish_and_ack([entry_id for entry_id, _ in answers], stream,
+                                                [schema.encode(message) for _, message in answers],
+                                                maxlen=self.bus._maxlen(stream))
+
     async def close(self) -> None:
         await self.consumer.aclose()
 

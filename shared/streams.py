@@ -281,6 +281,19 @@ class StreamConsumer:
         self._outstanding.difference_update(id_list)
         return int(await self.r.xack(self.stream, self.group, *id_list))
 
+    async def publish_and_ack(self, ids: Sequence[EntryId], stream: str,
+                              answers: Sequence[Fields], *, maxlen: int | None = None) -> None:
+        """XADD ``answers`` to ``stream`` and XACK ``ids``, atomically (MULTI), in one round trip:
+        a crash leaves the answers sent and the entries acked, or neither (the entries replay)."""
+        id_list = [_b(i) for i in ids]
+        pipe = self.r.pipeline(transaction=True)
+        for fields in answers:
+            pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
+        if id_list:
+            pipe.xack(self.stream, self.group, *id_list)
+        await pipe.execute()
+        self._outstanding.difference_update(id_list)
+
     async def dead_letter(self, entry: StreamEntry, *, reason: str) -> bytes:
         """Move ``entry`` to the dead-letter stream and ack it, atomically (MULTI)."""
         fields: dict[bytes, bytes | str | int] = capped_copy(entry.fields)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aredis
+from redis.exceptions import DataError
 
 from shared import streams
 from shared.streams import StreamConsumer, connect, ensure_group, group_lag, group_pending, xadd_many
@@ -84,6 +85,23 @@ async def test_acked_entries_are_not_replayed_and_lag_counts_untaken_samples(
     assert await group_pending(redis_client, STREAM, GROUP) == 0
     c.rewind()
     assert values(await c.read(10, block_ms=0)) == [4, 5, 6, 7, 8, 9]
+    await c.aclose()
+
+
+async def test_publish_and_ack_sends_every_answer_and_acks_every_entry_in_one_transaction(
+        redis_client: aredis.Redis) -> None:
+    c = make_consumer(redis_client, "c0")
+    await c.start()
+    await produce(redis_client, 5)
+    got = await c.read(5, block_ms=0)
+    await c.publish_and_ack([e.entry_id for e in got[:3]], "t:answers", [{b"a": i} for i in range(3)])
+    assert [f[b"a"] for _, f in await redis_client.xrange("t:answers")] == [b"0", b"1", b"2"]
+    assert await group_pending(redis_client, STREAM, GROUP) == 2
+    with pytest.raises(DataError):  # one answer Redis cannot take: nothing sent, nothing acked
+        await c.publish_and_ack([got[3].entry_id, got[4].entry_id], "t:answers",
+                                [{b"a": 3}, {b"a": object()}])  # type: ignore[dict-item]
+    assert await redis_client.xlen("t:answers") == 3
+    assert await group_pending(redis_client, STREAM, GROUP) == 2
     await c.aclose()
 
 

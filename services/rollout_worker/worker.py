@@ -9,7 +9,9 @@ A request that reaches a replica that is not SERVING (removed, aborted,
 asleep) is answered at once with finish_reason 'rejected' and zero tokens, so
 the rollouter retries it elsewhere: requests are never parked here.
 
-Clean stop: in-flight generations are aborted and their partial tokens sent
+A result and the XACK of its request go in one MULTI (with every other result
+queued meanwhile), so a crash never leaves a sent result with its request still
+pending. Clean stop: in-flight generations are aborted and their partial tokens sent
 back (the rollouter resumes them elsewhere), then the loops end. Crash:
 unacked requests and commands stay pending in this replica's consumer groups
 and are replayed when a worker with the same replica id starts again;
@@ -76,6 +78,9 @@ class RolloutWorker:
         self.wedged = False
         self._resume_after_push = False
         self._inflight: set[asyncio.Task[None]] = set()
+        self._outbox: list[tuple[str, GenerateResult]] = []
+        """Results not yet sent, each with the request entry it answers (see `_answer`)."""
+        self._sending = False
 
     async def run(self, stop: asyncio.Event) -> None:
         """1. load the newest published weights; 2. a replica that starts SLEEPING (a hybrid) puts
@@ -141,8 +146,8 @@ class RolloutWorker:
             log.error("%s: ignoring %s on request stream", self.replica_id, type(message).__name__)
             await sub.ack(entry_id)
         elif self.state is not ReplicaState.SERVING:
-            await self._send_result(message, token_ids=[], logprobs=[], finish_reason=FinishReason.REJECTED)
-            await sub.ack(entry_id)
+            await self._answer(sub, entry_id, self._result(message, token_ids=[], logprobs=[],
+                                                           finish_reason=FinishReason.REJECTED))
         else:
             task = asyncio.create_task(self._generate(message, entry_id, sub))
             self._inflight.add(task)
@@ -155,21 +160,37 @@ class RolloutWorker:
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             max_tokens=request.max_tokens
         )
-        await self._send_result(request, token_ids=output.token_ids, logprobs=output.logprobs,
-                                finish_reason=output.finish_reason, version=version,
-                                generation_time_s=time.monotonic() - started)
-        await sub.ack(entry_id)
+        await self._answer(sub, entry_id, self._result(
+            request, token_ids=output.token_ids, logprobs=output.logprobs, finish_reason=output.finish_reason,
+            version=version, generation_time_s=time.monotonic() - started))
 
-    async def _send_result(self, request: GenerateRequest, *, token_ids: list[int], logprobs: list[float],
-                           finish_reason: FinishReason, version: int | None = None,
-                           generation_time_s: float = 0.0) -> None:
-        result = GenerateResult(
+    def _result(self, request: GenerateRequest, *, token_ids: list[int], logprobs: list[float],
+                finish_reason: FinishReason, version: int | None = None,
+                generation_time_s: float = 0.0) -> GenerateResult:
+        return GenerateResult(
             request_id=request.request_id, sample_id=request.sample_id, replica_id=self.replica_id,
             token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
             weight_version=self.version if version is None else version, attempt=request.attempt,
             generation_time_s=generation_time_s,
         )
-        await self.bus.publish(self.bus.names.lb_results, result)
+
+    async def _answer(self, sub: Subscription, entry_id: str, result: GenerateResult) -> None:
+        """Send `result` and ack the request entry it answers, in one MULTI with every result queued
+        meanwhile. An abort resolves its 128-256 generations at once: one round trip for all of them,
+        not two each, keeps the abort's own ack from queueing behind them. The first caller sends
+        until the outbox is empty; the others return at once (their result is in its next batch).
+        A crash before a batch's MULTI leaves its requests pending (replayed to the restarted worker,
+        as before); after it, each result is sent and its request acked, never one without the other."""
+        self._outbox.append((entry_id, result))
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._outbox:
+                batch, self._outbox = self._outbox, []
+                await sub.answer(self.bus.names.lb_results, batch)
+        finally:
+            self._sending = False
 
     async def _serve_commands(self, stop: asyncio.Event) -> None:
         names = self.bus.names
