@@ -10,10 +10,10 @@ wall time and lost/duplicated.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,10 +44,13 @@ def one_run(service: str | None) -> dict[str, Any]:
             "hung_kills": summary["hung_kills"], "out": str(tmp)}
 
 
-def main(argv: list[str]) -> None:
-    for service in argv or ["none", "loadbalancer", "rollouter"]:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("services", nargs="*", default=["none", "loadbalancer", "rollouter"],
+                        help="one run per name: a launcher service to SIGSTOP, or none")
+    for service in parser.parse_args(argv).services:
         print(json.dumps(one_run(None if service == "none" else service)), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
