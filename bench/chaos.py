@@ -28,12 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench import write_result
 from services import launcher
 from services.launcher import DUPLICATED, LOST
 from shared.names import AccountingField, RunStatus
+from tests.live_run import live_config
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HANG_STALE_S = 10.0
@@ -41,17 +40,6 @@ HANG_STALE_S = 10.0
 service is killed about 15 s after its last report, so a trial does not wait minutes for it."""
 REDIS = "redis"
 """The embedded Redis server as a fault target (its process belongs to the launcher, not to `procs`)."""
-
-
-def trial_config(directory: Path, *, seed: int, time_scale: float, samples: int) -> Path:
-    data: dict[str, Any] = yaml.safe_load((PROJECT_ROOT / "configs" / "sim_small.yaml").read_text())
-    data["run"].update(time_scale=time_scale, namespace=f"chaos{seed}_{time.monotonic_ns()}", admin_port=0,
-                       loop_stale_s=HANG_STALE_S, hung_grace_s=HANG_STALE_S / 2)
-    data["data"]["total_rollout_steps"] = samples
-    data["async_training"]["dynamic_schedule_policy"] = "fixed_ratio"
-    path = directory / "chaos.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def inject(job: launcher.Job, target: str, fault: str) -> None:
@@ -70,7 +58,8 @@ def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
         directory = Path(tmp)
-        config = trial_config(directory, seed=seed, time_scale=time_scale, samples=samples)
+        config = live_config(directory, time_scale=time_scale, total_rollout_steps=samples,
+                             run={"loop_stale_s": HANG_STALE_S, "hung_grace_s": HANG_STALE_S / 2})
         total = None
         faults: list[dict[str, Any]] = []
         started = time.monotonic()
