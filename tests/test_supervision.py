@@ -255,7 +255,10 @@ def test_a_load_balancer_whose_route_loop_gets_stuck_exits_non_zero_within_its_b
         assert f"stuck_lb.py:{sleep_line} (dispatch_unless_flagged)" in stuck[0]
     else:  # the event loop is free: the other loops go on beating, only route is named
         assert "no progress in loadbalancer.route " in stuck[0] and "loadbalancer.relay" not in stuck[0]
-        assert "the event loop runs no task" in stuck[0]
+        # Usually idle when sampled; it may be caught running another loop's step (a heartbeat's
+        # write), never the stuck route loop, which is parked in its await.
+        assert "the event loop runs no task" in stuck[0] or "the event loop runs task " in stuck[0]
+        assert "the event loop runs task loadbalancer.route " not in stuck[0]
 
 
 PEER_WAITER = """
