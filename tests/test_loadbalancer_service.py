@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from services.loadbalancer.service import LoadBalancer
+import asyncio
+
+from services.loadbalancer.service import WATCH_INTERVAL_S, LoadBalancer
 from shared.bus import Bus
 from shared.names import WORKER_GROUP, Names
-from shared.schema import GenerateRequest
+from shared.schema import Command, CommandAction, FinishReason, GenerateRequest, GenerateResult, decode
+from shared.stream_groups import ensure_group
 from shared.streams import connect
 
 
@@ -29,4 +32,41 @@ async def test_a_restarted_load_balancer_counts_the_requests_each_worker_has_not
         assert lb.state.inflight == {"standalone_0": 3, "standalone_1": 0}
         assert lb.state.acquire("next") == "standalone_1"
     finally:
+        await bus.redis.aclose()
+
+
+async def test_a_hybrid_added_and_removed_between_two_watch_polls_then_dead_has_its_requests_rejected(
+        redis_server):
+    """The controller adds a hybrid, the balancer routes to it, the controller removes it, all within one
+    watch interval; the hybrid's worker is dead: its request must come back 'rejected' (for a retry
+    elsewhere), or its sample waits forever."""
+    names = Names("test")
+    bus = Bus(connect(redis_server.url), names)
+    stop = asyncio.Event()
+    lb = LoadBalancer(bus=bus, initial_replica_ids=("standalone_0",))
+    results = names.rollouter_results
+    await ensure_group(bus.redis, results, "check")
+    try:
+        await bus.redis.set(names.worker_heartbeat("standalone_0"), "inc-s", ex=60)
+        await bus.redis.set(names.worker_heartbeat("hybrid_0"), "inc-h", ex=60)
+        running = asyncio.create_task(lb.run(stop))
+        await asyncio.sleep(0.2)  # the watch has polled once: only standalone_0 is a member
+        await lb._apply(Command(command_id="add", action=CommandAction.ADD, replica_ids=["hybrid_0"]))
+        stream = names.worker_requests("hybrid_0")
+        await ensure_group(bus.redis, stream, WORKER_GROUP)
+        await bus.publish(stream, GenerateRequest(request_id="s/0", sample_id="s", prompt_token_ids=[1],
+                                                  max_tokens=4, replica_id="hybrid_0"))
+        await lb._apply(Command(command_id="remove", action=CommandAction.REMOVE, replica_ids=["hybrid_0"]))
+        await bus.redis.delete(names.worker_heartbeat("hybrid_0"))  # killed: its beat is gone
+        async with asyncio.timeout(5 * WATCH_INTERVAL_S):
+            answered: list[GenerateResult] = []
+            while not answered:
+                read = await bus.redis.xreadgroup("check", "t", {results: ">"}, block=200)
+                answered = [m for _, entries in read for _, fields in entries
+                            if isinstance(m := decode(fields), GenerateResult)]
+        assert [(r.request_id, r.finish_reason) for r in answered] == [("s/0", FinishReason.REJECTED)]
+        assert not running.done()
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
         await bus.redis.aclose()

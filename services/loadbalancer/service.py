@@ -65,6 +65,11 @@ class LoadBalancer:
         self._waiting: deque[tuple[str, GenerateRequest]] = deque()
         self._dead: set[str] = set()
         """Members whose heartbeat expired: out of routing until it returns."""
+        self._known: set[str] = set()
+        """Every replica ever a member or asked to join, however briefly: the watch checks them all for
+        stranded requests (a hybrid may be added, routed to and removed between two of its polls)."""
+        self._seen_alive: set[str] = set()
+        """Replicas seen beating (by the watch, or when added): gone as soon as their beat stops."""
         self.routing_latencies_s: deque[float] = deque(maxlen=10_000)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -88,6 +93,7 @@ class LoadBalancer:
     async def _load_members(self) -> None:
         stored = [text(m) for m in await self.bus.redis.lrange(self.bus.names.lb_members, 0, -1)]
         self.state.add_replicas(stored if stored else self.initial_replica_ids)
+        self._known.update(self.state.replica_ids)
         for replica_id in self.state.replica_ids:  # after a restart: what each replica still owes
             stream = self.bus.names.worker_requests(replica_id)
             self.state.set_inflight(replica_id, await _unacked(self.bus, stream))
@@ -148,23 +154,20 @@ class LoadBalancer:
         stream of any replica ever routed to that is gone (queued, or taken and never answered)
         are answered 'rejected' so the rollouter retries them elsewhere: a member too, and a
         replica the controller removed before its death was seen (its abort never ran)."""
-        seen_alive: set[str] = set()
-        known: set[str] = set()
         grace_ends = time.monotonic() + STARTUP_GRACE_S
         while not stop.is_set():
-            known |= set(self.state.replica_ids) | self._dead
-            watched = sorted(known)
+            watched = sorted(self._known)
             beats = [self.bus.names.worker_heartbeat(r) for r in watched]
             ups = await alive(self.bus.redis, self.bus.names, beats)
             gone = []
             for replica_id, up in zip(watched, ups, strict=True):
                 if up:
-                    seen_alive.add(replica_id)
+                    self._seen_alive.add(replica_id)
                     if replica_id in self._dead:
                         self._dead.discard(replica_id)
                         self.state.add_replicas([replica_id])
                         await self._audit(f"alive again {replica_id}", alive=True, replica_ids=[replica_id])
-                elif replica_id in seen_alive or time.monotonic() > grace_ends:
+                elif replica_id in self._seen_alive or time.monotonic() > grace_ends:
                     gone.append(replica_id)
                     if replica_id in self.state.replica_ids:
                         self._dead.add(replica_id)
@@ -213,6 +216,8 @@ class LoadBalancer:
             up = dict(zip(command.replica_ids, ups, strict=True))
             self._dead.update(r for r in command.replica_ids if not up[r] and r not in self.state.replica_ids)
             changed = self.state.add_replicas(r for r in command.replica_ids if r not in self._dead)
+            self._known.update(command.replica_ids)
+            self._seen_alive.update(r for r in command.replica_ids if up[r])
         elif command.action is CommandAction.REMOVE:
             changed = self.state.remove_replicas(command.replica_ids)
             self._dead.difference_update(command.replica_ids)
