@@ -32,10 +32,15 @@ SAMPLES = 96
 
 
 async def _serving(stack: Stack, replica_id: str) -> None:
-    """Until `replica_id` serves, at weight version >= 2 (mid-run)."""
+    """Until `replica_id` serves, at weight version >= 2 (mid-run). A hybrid serves only when the
+    policy activates it, which this short run's queue may never ask for: the admin's forced
+    activation (applied at the next sync) makes it serve, as an operator would."""
     redis = stack.buses[0].redis
+    assert stack.controller is not None
     while not text(await redis.hget(stack.names.replica_states, replica_id) or b"").startswith("serving") \
             or int(await redis.hget(stack.names.trainer_state, F.VERSION) or 0) < 2:
+        if replica_id.startswith("hybrid") and stack.controller.core.pending_force is None:
+            await stack.controller.force(activate=True)
         await asyncio.sleep(0.01)
 
 
