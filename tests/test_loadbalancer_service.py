@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from services.loadbalancer import service as lb_service
 from services.loadbalancer.service import WATCH_INTERVAL_S, LoadBalancer
 from shared.bus import Bus
 from shared.names import WORKER_GROUP, Names
@@ -59,14 +60,48 @@ async def test_a_hybrid_added_and_removed_between_two_watch_polls_then_dead_has_
         await lb._apply(Command(command_id="remove", action=CommandAction.REMOVE, replica_ids=["hybrid_0"]))
         await bus.redis.delete(names.worker_heartbeat("hybrid_0"))  # killed: its beat is gone
         async with asyncio.timeout(5 * WATCH_INTERVAL_S):
-            answered: list[GenerateResult] = []
-            while not answered:
-                read = await bus.redis.xreadgroup("check", "t", {results: ">"}, block=200)
-                answered = [m for _, entries in read for _, fields in entries
-                            if isinstance(m := decode(fields), GenerateResult)]
+            answered = await _results(bus, results)
         assert [(r.request_id, r.finish_reason) for r in answered] == [("s/0", FinishReason.REJECTED)]
         assert not running.done()
     finally:
         stop.set()
         await asyncio.wait_for(running, timeout=10)
         await bus.redis.aclose()
+
+
+async def test_a_restarted_load_balancer_rescues_requests_stranded_on_a_dead_hybrid_removed_before_it_started(
+        redis_server, monkeypatch):
+    monkeypatch.setattr(lb_service, "STARTUP_GRACE_S", 0.5)
+    names = Names("test")
+    bus = Bus(connect(redis_server.url), names)
+    stop = asyncio.Event()
+    results = names.rollouter_results
+    await ensure_group(bus.redis, results, "check")
+    running: asyncio.Task[None] | None = None
+    try:
+        await bus.redis.hset(names.replica_states, "hybrid_0", "serving:3")  # it ran, then died
+        stream = names.worker_requests("hybrid_0")
+        await ensure_group(bus.redis, stream, WORKER_GROUP)
+        await bus.publish(stream, GenerateRequest(request_id="s/0", sample_id="s", prompt_token_ids=[1],
+                                                  max_tokens=4, replica_id="hybrid_0"))
+        await bus.redis.set(names.worker_heartbeat("standalone_0"), "inc-s", ex=60)
+        lb = LoadBalancer(bus=bus, initial_replica_ids=("standalone_0",))
+        running = asyncio.create_task(lb.run(stop))
+        async with asyncio.timeout(5 * WATCH_INTERVAL_S):
+            answered = await _results(bus, results)
+        assert [(r.request_id, r.finish_reason) for r in answered] == [("s/0", FinishReason.REJECTED)]
+    finally:
+        stop.set()
+        if running is not None:
+            await asyncio.wait_for(running, timeout=10)
+        await bus.redis.aclose()
+
+
+async def _results(bus: Bus, stream: str) -> list[GenerateResult]:
+    """The first GenerateResults to reach `stream` (read as group 'check')."""
+    while True:
+        read = await bus.redis.xreadgroup("check", "t", {stream: ">"}, block=200)
+        answered = [m for _, entries in read for _, fields in entries
+                    if isinstance(m := decode(fields), GenerateResult)]
+        if answered:
+            return answered

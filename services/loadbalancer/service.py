@@ -94,6 +94,8 @@ class LoadBalancer:
         stored = [text(m) for m in await self.bus.redis.lrange(self.bus.names.lb_members, 0, -1)]
         self.state.add_replicas(stored if stored else self.initial_replica_ids)
         self._known.update(self.state.replica_ids)
+        # after a restart: every worker that ever reported a state may hold requests routed before it
+        self._known.update(text(r) for r in await self.bus.redis.hkeys(self.bus.names.replica_states))
         for replica_id in self.state.replica_ids:  # after a restart: what each replica still owes
             stream = self.bus.names.worker_requests(replica_id)
             self.state.set_inflight(replica_id, await _unacked(self.bus, stream))
