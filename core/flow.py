@@ -19,8 +19,7 @@ one sample = one prompt x ``rollout.n``)::
 Pause when ``queue_size >= max_queue_size`` or ``staleness_samples >=
 max_required``. At reset: un-pause, ``staleness_samples = num_active +
 queue_size``, ``completed_steps += 1`` only if this version generated
-something (starts at 1; never at the startup sync of version 0, which the original
-runs before its rollouter starts), then zero ``step_generated``.
+something (starts at 1), then zero ``step_generated``.
 """
 
 from __future__ import annotations
@@ -207,18 +206,12 @@ class StalenessTracker:
 
     # -- weight sync ---------------------------------------------------------
 
-    def reset(self, *, num_active: int, queue_size: int, now_s: float,
-              completes_step: bool = True) -> ResetReport:
+    def reset(self, *, num_active: int, queue_size: int, now_s: float) -> ResetReport:
         """Start a new weight version (``reset_staleness``).
 
         ``num_active`` is the number of samples generating right now (active
         tasks, not replicas); ``queue_size`` the samples queued and not yet
-        taken by the trainer. ``completes_step=False`` for the startup sync of the
-        initial weights: the original syncs them before its rollouter starts, so
-        that reset never sees a generated sample and never completes a step; here
-        the feed runs from t=0, and counting it would put ``expected_samples``
-        (``step_required x completed_steps``) one version ahead of the samples
-        consumed for the rest of the run.
+        taken by the trainer.
         """
         if num_active < 0 or queue_size < 0:
             raise ValueError(f"num_active and queue_size must be >= 0, got {num_active}, {queue_size}")
@@ -232,7 +225,7 @@ class StalenessTracker:
         idle_ratio = 1.0 - active_time_s / version_time_s if version_time_s > 0 else 0.0
         self.on_idle_end(now_s)
         idle_time_s = self._idle_closed_s
-        if completes_step and self.step_generated > 0:
+        if self.step_generated > 0:
             self.completed_steps += 1
         report = ResetReport(
             step_generated_samples=self.step_generated,

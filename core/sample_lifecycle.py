@@ -151,9 +151,7 @@ class SampleLifecycle:
     def reset(self, *, version: int, mq_size: int, now_s: float) -> dict[str, float]:
         """`reset_staleness`: version `version` is live; returns the version's rollouter metrics."""
         self._end_idle(now_s)
-        # Version 0 is the startup sync: in the original it happens before the rollouter starts.
-        report = self.tracker.reset(num_active=len(self.active), queue_size=mq_size, now_s=now_s,
-                                    completes_step=version > 0)
+        report = self.tracker.reset(num_active=len(self.active), queue_size=mq_size, now_s=now_s)
         utilization = self.history.close(now_s)
         self.version = version
         limits = self.limits

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from core.flow import FlowLimits, StalenessTracker, total_rollout_steps
-from core.sample_lifecycle import SampleLifecycle
 
 
 def make_limits(
@@ -129,35 +128,6 @@ def test_completed_steps_start_at_one_and_grow_only_when_the_version_generated_s
     assert report.step_generated_samples == 3
     assert tracker.step_generated == 0
     assert tracker.total_generated == 3
-
-
-def test_a_reset_that_does_not_complete_a_step_keeps_completed_steps_but_zeroes_step_generated() -> None:
-    tracker = StalenessTracker(limits=make_limits(), now_s=0.0)
-    tracker.on_generated(5)
-    report = tracker.reset(num_active=3, queue_size=5, now_s=1.0, completes_step=False)
-    assert report.completed_steps == 1
-    assert report.step_generated_samples == 5
-    assert tracker.step_generated == 0
-    assert tracker.total_generated == 5
-
-
-def test_the_startup_sync_of_version_0_does_not_complete_a_step_though_the_feed_ran_before_it() -> None:
-    # The original syncs the initial weights before its rollouter starts, so expected_samples
-    # (step_required x completed_steps) equals the samples consumed at every later sync. Here
-    # the feed runs from t=0: counting the version-0 reset put expected one version ahead.
-    limits = make_limits()
-    life = SampleLifecycle(limits=limits, concurrent_samples_per_replica=4, now_s=0.0)
-    life.set_replicas(2, now_s=0.0)
-    first = life.next_sample(mq_size=0, now_s=0.0)
-    assert first is not None
-    life.on_enqueued(first, now_s=1.0)
-    life.reset(version=0, mq_size=1, now_s=2.0)
-    assert life.tracker.completed_steps == 1
-    second = life.next_sample(mq_size=1, now_s=2.0)
-    assert second is not None
-    life.on_enqueued(second, now_s=3.0)
-    life.reset(version=1, mq_size=0, now_s=4.0)
-    assert life.tracker.completed_steps == 2
 
 
 def test_dropped_samples_are_counted_and_not_generated() -> None:
