@@ -83,8 +83,13 @@ def test_redis_gone_for_longer_than_the_retry_window_fails_the_run_with_its_outp
                 launcher.Job(config_path=config, out_dir=out, redis_url=server.url) as job:
             wait_for(lambda: job.poll() and job.completed_micro_steps() >= 2, timeout_s=60,
                      what="2 micro-steps")
-            time.sleep(launcher.KNOWN_REFRESH_S)  # the launcher has read the sample states since
-            job.poll()
+
+            def known_trained() -> int:  # what the launcher last read (every KNOWN_REFRESH_S)
+                job.poll()
+                return int(job.known.get(job.names.accounting, {}).get(AccountingField.TRAINED, 0))
+
+            # a fixed sleep of KNOWN_REFRESH_S raced the launcher's refresh on a loaded machine
+            wait_for(lambda: known_trained() >= 2 * 16, timeout_s=60, what="the launcher to read 32 trained")
             server.kill()
             run_to_the_end(job, timeout_s=60)
     finally:
