@@ -47,16 +47,14 @@ async def test_a_hybrid_added_and_removed_between_two_watch_polls_then_dead_has_
     lb = LoadBalancer(bus=bus, initial_replica_ids=("standalone_0",))
     results = names.rollouter_results
     await ensure_group(bus.redis, results, "check")
+    running: asyncio.Task[None] | None = None
     try:
         await bus.redis.set(names.worker_heartbeat("standalone_0"), "inc-s", ex=60)
         await bus.redis.set(names.worker_heartbeat("hybrid_0"), "inc-h", ex=60)
         running = asyncio.create_task(lb.run(stop))
         await asyncio.sleep(0.2)  # the watch has polled once: only standalone_0 is a member
         await lb._apply(Command(command_id="add", action=CommandAction.ADD, replica_ids=["hybrid_0"]))
-        stream = names.worker_requests("hybrid_0")
-        await ensure_group(bus.redis, stream, WORKER_GROUP)
-        await bus.publish(stream, GenerateRequest(request_id="s/0", sample_id="s", prompt_token_ids=[1],
-                                                  max_tokens=4, replica_id="hybrid_0"))
+        await _route_one_request(bus, "hybrid_0")
         await lb._apply(Command(command_id="remove", action=CommandAction.REMOVE, replica_ids=["hybrid_0"]))
         await bus.redis.delete(names.worker_heartbeat("hybrid_0"))  # killed: its beat is gone
         async with asyncio.timeout(5 * WATCH_INTERVAL_S):
@@ -65,7 +63,8 @@ async def test_a_hybrid_added_and_removed_between_two_watch_polls_then_dead_has_
         assert not running.done()
     finally:
         stop.set()
-        await asyncio.wait_for(running, timeout=10)
+        if running is not None:
+            await asyncio.wait_for(running, timeout=10)
         await bus.redis.aclose()
 
 
@@ -80,10 +79,7 @@ async def test_a_restarted_load_balancer_rescues_requests_stranded_on_a_dead_hyb
     running: asyncio.Task[None] | None = None
     try:
         await bus.redis.hset(names.replica_states, "hybrid_0", "serving:3")  # it ran, then died
-        stream = names.worker_requests("hybrid_0")
-        await ensure_group(bus.redis, stream, WORKER_GROUP)
-        await bus.publish(stream, GenerateRequest(request_id="s/0", sample_id="s", prompt_token_ids=[1],
-                                                  max_tokens=4, replica_id="hybrid_0"))
+        await _route_one_request(bus, "hybrid_0")
         await bus.redis.set(names.worker_heartbeat("standalone_0"), "inc-s", ex=60)
         lb = LoadBalancer(bus=bus, initial_replica_ids=("standalone_0",))
         running = asyncio.create_task(lb.run(stop))
@@ -95,6 +91,14 @@ async def test_a_restarted_load_balancer_rescues_requests_stranded_on_a_dead_hyb
         if running is not None:
             await asyncio.wait_for(running, timeout=10)
         await bus.redis.aclose()
+
+
+async def _route_one_request(bus: Bus, replica_id: str) -> None:
+    """Request 's/0' in `replica_id`'s stream, as the balancer routes it (its worker never reads it)."""
+    stream = bus.names.worker_requests(replica_id)
+    await ensure_group(bus.redis, stream, WORKER_GROUP)
+    await bus.publish(stream, GenerateRequest(request_id="s/0", sample_id="s", prompt_token_ids=[1],
+                                              max_tokens=4, replica_id=replica_id))
 
 
 async def _results(bus: Bus, stream: str) -> list[GenerateResult]:
