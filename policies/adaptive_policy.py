@@ -25,12 +25,13 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
 
 The model checks itself: at each sync the trainer idle the last cycle measured (activation, the wait with
 the hybrids lent, deactivation, offload/onload, collection waits) is compared with what the decision
-predicted, and the moving average of the error (one per decision kind: stay, activate) corrects the next
-comparisons; a model whose switches measured worse than predicted falls back to static behaviour, and
-re-measures one switch every RETRY_EVERY cycles kept asleep only by that correction; symmetrically, after
-FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays asleep once, so the static prediction is
-measured too. It never activates
-when the queue already holds the planned X (no window to fill).
+predicted, and the moving average of the error (one per decision kind: stay, activate, and per level of
+the queue at the sync: it cannot feed the first micro-step, it feeds one, it feeds more) corrects the next
+comparisons at that level (a level not measured yet takes the kind's error over all levels). A model whose
+switches measured worse than predicted falls back to static behaviour, and re-measures one switch every
+RETRY_EVERY cycles kept asleep only by that correction; symmetrically, after FIRST_STAY_AFTER (then
+RETRY_EVERY) activations in a row it stays asleep once, so the static prediction is measured too. It never
+activates when the queue already holds the planned X (no window to fill).
 
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
@@ -60,7 +61,13 @@ REBALANCE_MEMORY = 10
 """Windows a choice's mean fill rate remembers."""
 BIAS_EWMA = 0.3
 """Weight of the newest cycle in the moving averages of the model's measured error (idle measured minus
-idle predicted), one for cycles it stayed asleep, one for cycles it activated."""
+idle predicted), one for cycles it stayed asleep, one for cycles it activated, overall and per queue level."""
+QUEUE_LEVELS = 3
+"""Levels of the queue at the sync whose model errors are kept apart: fewer than `required` samples (the
+trainer would idle at once), enough for one micro-step, enough for two or more. The fluid model errs
+differently at each: lending the GPUs while the queue can already feed the trainer trades training time
+for a short window, whose aborted work then loads the standalones (on an engine whose decode step grows
+with the batch that costs more than the model sees, on a flat one nothing)."""
 RETRY_EVERY = 16
 """When only the measured error keeps the hybrids asleep, activate once per this many cycles anyway, so
 an error measured in other conditions (the workload drifts) is measured again. The same holds the other
@@ -113,6 +120,10 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.idle_bias_s = {"stay": 0.0, "activate": 0.0}
         """Per decision kind: moving average of (measured - predicted) trainer idle over its cycles."""
         self.idle_bias_cycles = {"stay": 0, "activate": 0}
+        self.idle_bias_by_level: dict[str, float] = {}
+        """The same moving averages per queue level, keyed "kind@level" (a level measured at least once)."""
+        self.predicted_level = 0
+        """The queue level (`_queue_level`) the last decision was taken at."""
         self.stays_by_bias = 0
         """Consecutive cycles kept asleep only by the measured error (the uncorrected model said activate)."""
         self.activations_in_row = 0
@@ -170,9 +181,10 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                    train_s=ctx.trainer_s_per_micro_step)
         wait, dynamic_idle = self._best_wait(ctx)
         min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
-        # The model corrected by its own measured error: a switch that measured worse than predicted
-        # (or static cycles that idled more than predicted) moves the comparison by that much.
-        bias = self.idle_bias_s
+        # The model corrected by its own measured error at this queue level: a switch that measured worse
+        # than predicted (or static cycles that idled more than predicted) moves the comparison by that much.
+        level = _queue_level(ctx)
+        bias = {kind: self._idle_bias(kind, level) for kind in ("stay", "activate")}
         corrected_gain = (static_idle + bias["stay"]) - (dynamic_idle + bias["activate"])
         # No window (the queue already holds X): a switch then only raises the samples in flight for a
         # moment (they finish on the standalones), which the rollouter's concurrency limit is for.
@@ -191,11 +203,13 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if not activate:
             self.activations_in_row = 0
         self.predicted_activate = activate
+        self.predicted_level = level
         self.predicted_idle_s = dynamic_idle if activate else static_idle
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
             "decision": "activate" if activate else "stay", "queued": surplus, "why": why,
-            "idle_bias_s": {k: round(v, 3) for k, v in self.idle_bias_s.items()},
+            "queue_level": level,
+            "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
             "corrected_gain_s": round(corrected_gain, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
@@ -263,9 +277,16 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         error = measured - self.predicted_idle_s
         self.idle_bias_cycles[kind] += 1
         first = self.idle_bias_cycles[kind] == 1
-        self.idle_bias_s[kind] = error if first else self.idle_bias_s[kind] + BIAS_EWMA * (
-            error - self.idle_bias_s[kind])
+        self.idle_bias_s[kind] = error if first else _moving(self.idle_bias_s[kind], error)
+        key = f"{kind}@{self.predicted_level}"
+        level_bias = self.idle_bias_by_level.get(key)
+        self.idle_bias_by_level[key] = error if level_bias is None else _moving(level_bias, error)
         self.predicted_idle_s = -1.0
+
+    def _idle_bias(self, kind: str, level: int) -> float:
+        """The model's measured error for a decision of `kind` at queue `level`: that level's moving
+        average, or the kind's over every level while that level has not been measured."""
+        return self.idle_bias_by_level.get(f"{kind}@{level}", self.idle_bias_s[kind])
 
     # ---- the model (pure helpers) ----
 
@@ -330,6 +351,16 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 def _queued(ctx: DynamicScheduleContext) -> int:
     """Samples queued at the sync: read by the controller, else the seed's total_generated - expected."""
     return ctx.queue_size if ctx.queue_size >= 0 else ctx.total_generated_samples - ctx.expected_samples
+
+
+def _queue_level(ctx: DynamicScheduleContext) -> int:
+    """How many micro-steps the queue at the sync can feed, capped at QUEUE_LEVELS - 1."""
+    return min(QUEUE_LEVELS - 1, max(0, _queued(ctx)) // ctx.required_samples)
+
+
+def _moving(average: float, value: float) -> float:
+    """The model-error moving average (weight BIAS_EWMA on the newest cycle)."""
+    return average + BIAS_EWMA * (value - average)
 
 
 def _ewma(average: float, value: float) -> float:

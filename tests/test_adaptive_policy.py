@@ -329,3 +329,23 @@ def test_a_state_saved_before_zero_costs_counted_restores_its_zeros_as_unmeasure
     policy = make_adaptive()
     policy.load_state_dict(old_state)
     assert (policy.activate_cost_s, policy.deactivate_cost_s) == (-1.0, 3.0)
+
+
+def test_a_switch_that_measured_far_worse_at_one_queue_level_keeps_only_that_level_asleep():
+    policy = make_adaptive()
+    _activate_and_sync(policy)  # at level 0: the queue (10) cannot feed a micro-step (16)
+    level_1 = production_bound(surplus=20)
+    level_1.last_deactivate_wait_s = policy.predicted_idle_s - 2.0  # the level-0 cycle measured as predicted
+    assert policy.should_activate_after_step(12, False, level_1) is True
+    assert policy.last_decision["queue_level"] == 1
+    policy.update_after_step(12, level_1)
+    policy.deactivate_wait_samples(level_1)
+    level_1 = production_bound(surplus=20)
+    level_1.last_deactivate_wait_s = 60.0  # the level-1 activation measured far worse than predicted
+    assert policy.should_activate_after_step(16, False, level_1) is False
+    assert policy.last_decision["idle_bias_s"]["activate"] > 40.0
+    level_0 = production_bound()
+    level_0.step_wait_times = [policy.predicted_idle_s]  # the static cycle idled as predicted
+    assert policy.should_activate_after_step(20, False, level_0) is True  # level 0 measured fine
+    assert policy.last_decision["queue_level"] == 0
+    assert policy.last_decision["idle_bias_s"]["activate"] == pytest.approx(0.0, abs=1e-3)
