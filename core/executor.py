@@ -27,7 +27,9 @@ Per handshake (seed ordering):
 The trainer's offload (ReleaseTrainer) runs just before the hybrids wake, after the
 standalone sync, so a push to the standalones reads GPU-resident weights. With the core's
 `fold_hybrid_sync` the wake comes first and one SyncReplicas covers every replica; with
-`overlap_wake` the offload and the wake are one `Concurrently` op.
+`overlap_wake` the offload and the wake are one `Concurrently` op. The trainer onloads after
+GPUS_READY (its AcquireGpu); with `overlap_sleep` the onload and the hybrids' sleep are one
+`Concurrently` op before it, so the deactivation's time holds both.
 
 Measurements: every ReadProgress (at a sync, and when a hybrid window closes), every change
 of who serves, and the arrival times of the trainer's handshakes feed `core.measure.RateMeter`;
@@ -45,6 +47,7 @@ from typing import Any, TypeVar
 from core import controller as cc
 from core.controller import ControllerCore, Mode
 from core.executor_ops import (  # noqa: F401  (re-exported: drivers and tests use core.executor's names)
+    AcquireTrainer,
     Audit,
     AuditRecord,
     AwaitSamples,
@@ -115,11 +118,13 @@ class ExecutorCore:
     """The controller's handshake handling around a ControllerCore; yields ops, performs none."""
 
     def __init__(self, *, core: ControllerCore, clock: Callable[[], float],
-                 overlap_wake: bool = False) -> None:
+                 overlap_wake: bool = False, overlap_sleep: bool = False) -> None:
         self.core = core
         self.clock = clock
         self.overlap_wake = overlap_wake
         """The trainer's offload and the hybrids' wake run concurrently (config: where memory allows)."""
+        self.overlap_sleep = overlap_sleep
+        """The trainer's onload and the hybrids' sleep run concurrently (config: where memory allows)."""
         self.serving_hybrids: tuple[str, ...] = core.hybrid_ids if core.mode is Mode.HYBRID_ACTIVE else ()
         """Hybrids the load balancer routes to (from its last membership answer)."""
         self.meter = RateMeter(num_standalone=len(core.standalone_ids), num_hybrid=len(core.hybrid_ids))
@@ -241,6 +246,9 @@ class ExecutorCore:
                     self.core.record_switch_overhead(self.clock() - started)
                     started = self.clock()
                     yield from self._apply(command, report, weights_path)
+            elif isinstance(command, cc.SleepReplicas) and self.overlap_sleep:
+                sleep = WorkerCall(replica_ids=command.replica_ids, action=CommandAction.SLEEP)
+                yield Concurrently(ops=(sleep, AcquireTrainer()))
             else:
                 yield from self._apply(command, report, weights_path)
             now = self.clock()

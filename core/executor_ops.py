@@ -60,6 +60,11 @@ class ReleaseTrainer:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class AcquireTrainer:
+    """The trainer onloads its GPUs now (while the hybrids sleep), not after GPUS_READY. -> None"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SyncReplicas:
     """The trainer brings the replicas to `version`: push, or filesystem fallback. -> WeightSyncReport"""
 
@@ -121,13 +126,14 @@ class AuditRecord:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Concurrently:
-    """Perform `ops` at the same time (the trainer's offload with the hybrids' wake). -> their results"""
+    """Perform `ops` at the same time (the trainer's offload with the hybrids' wake, its onload with their
+    sleep). -> their results"""
 
     ops: tuple[Op, ...]
 
 
 Op = (Checkpoint | ReadProgress | AwaitSamples | SetMembers | SetActiveReplicas | WorkerCall | ReleaseTrainer
-      | SyncReplicas | ClearSticky | ResetRollouter | Audit | Concurrently)  # fmt: skip
+      | AcquireTrainer | SyncReplicas | ClearSticky | ResetRollouter | Audit | Concurrently)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -171,6 +171,9 @@ class AsyncTrainingConfig(_Section):
     dynamic_schedule_overlap_wake: bool = False
     """The trainer's offload and the hybrids' wake run at once (only where the GPU memory holds both
     the trainer's resident state and the hybrids' weights + KV); false: offload, then wake."""
+    dynamic_schedule_overlap_sleep: bool = False
+    """The trainer's onload and the hybrids' sleep run at once, before the trainer is told its GPUs are
+    ready (the same memory condition as overlap_wake); false: sleep, then the trainer onloads."""
 
 
 class RolloutConfig(_Section):

@@ -61,6 +61,8 @@ class CommandAction(StrEnum):
     # trainer (served while it waits for SYNC_DONE)
     RELEASE_GPUS = "release_gpus"
     """Offload: hybrids are about to wake on the trainer's GPUs."""
+    ACQUIRE_GPUS = "acquire_gpus"
+    """Onload while the hybrids sleep (dynamic_schedule_overlap_sleep), before GPUS_READY."""
     SYNC_WEIGHTS = "sync_weights"
     """Bring replicas to a version (push, per push group; else, or for a failed push's replicas, the
     filesystem); acked with a WeightSyncReport."""

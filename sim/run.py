@@ -78,6 +78,8 @@ class Simulation:
         self.rollouter.set_replicas(len(self.standalone_ids))  # the controller's announcement at start
         self.syncing: set[str] = set()
         self.trainer_phase = LaneState.IDLE
+        self.trainer_on_gpu = True
+        """False from the trainer's offload (ReleaseTrainer) to its onload (AcquireTrainer, AcquireGpu)."""
         ctx = DynamicScheduleContext(required_samples=self.limits.required_samples,
                                      trigger_parameter_sync_step=self.limits.trigger_parameter_sync_step,
                                      only_hybrid=not self.standalone_ids,
@@ -90,7 +92,8 @@ class Simulation:
                                    enable_rebalance=cfg.dynamic_schedule_enable_rebalance,
                                    fold_hybrid_sync=cfg.dynamic_schedule_fold_hybrid_sync)
         self.executor = ex.ExecutorCore(core=self.core, clock=self._now,
-                                        overlap_wake=cfg.dynamic_schedule_overlap_wake)
+                                        overlap_wake=cfg.dynamic_schedule_overlap_wake,
+                                        overlap_sleep=cfg.dynamic_schedule_overlap_sleep)
         self.cycle = tc.TrainerCycle(limits=self.limits, clock=self._now)
         self.metrics = CycleMetrics(train_gpus=cluster.train_gpus, rollout_gpus=cluster.rollout_gpus,
                                     dynamic=self.dynamic)
@@ -166,10 +169,8 @@ class Simulation:
             return ex.RolloutProgress(total_generated=tracker.total_generated,
                                       completed_steps=tracker.completed_steps, queue_size=len(r.mq),
                                       feed_done=r.lifecycle.status().feed_done)
-        elif isinstance(op, ex.ReleaseTrainer):
-            self._set_phase(LaneState.SWITCH)
-            yield self.scenario.costs.trainer_offload_s
-            self._set_phase(LaneState.IDLE)
+        elif isinstance(op, ex.ReleaseTrainer | ex.AcquireTrainer):
+            yield from self._move_trainer(on_gpu=isinstance(op, ex.AcquireTrainer))
         elif isinstance(op, ex.Concurrently):
             return (yield from self._concurrently(op.ops))
         # Checkpoint, Audit: nothing to model (no crash, no log)
@@ -271,14 +272,7 @@ class Simulation:
         elif isinstance(op, tc.QueueSize):
             return len(r.mq)
         elif isinstance(op, tc.Collect):
-            batch: list[Sample] = []
-            while len(batch) < op.count:
-                while not r.mq:
-                    yield r.changed
-                batch.append(r.pop())
-            if self.scenario.trainer.collect_s:  # fetch + assemble the batch, inside timing_s/gen
-                yield self.scenario.trainer.collect_s
-            return batch
+            return (yield from self._collect(op.count))
         elif isinstance(op, tc.Train):
             compute_s = self._train_time_s(op.batch)
             self._set_phase(LaneState.TRAIN)
@@ -289,8 +283,30 @@ class Simulation:
             self.trained += len(op.batch)
         elif isinstance(op, tc.ExportWeights):
             return ""
-        # AcquireGpu, SaveCheckpoint, SaveProgress: nothing to model
+        elif isinstance(op, tc.AcquireGpu):
+            yield from self._move_trainer(on_gpu=True)
+        # SaveCheckpoint, SaveProgress: nothing to model
         return None
+
+    def _collect(self, count: int) -> Proc:
+        r = self.rollouter
+        batch: list[Sample] = []
+        while len(batch) < count:
+            while not r.mq:
+                yield r.changed
+            batch.append(r.pop())
+        if self.scenario.trainer.collect_s:  # fetch + assemble the batch, inside timing_s/gen
+            yield self.scenario.trainer.collect_s
+        return batch
+
+    def _move_trainer(self, *, on_gpu: bool) -> Proc:
+        """The trainer offloads its state for the hybrids or onloads it back (the live backends'
+        release_gpu / acquire_gpu): `trainer_offload_s` each way, nothing where it already is."""
+        if self.trainer_on_gpu != on_gpu:
+            self._set_phase(LaneState.SWITCH)
+            yield self.scenario.costs.trainer_offload_s
+            self.trainer_on_gpu = on_gpu
+            self._set_phase(LaneState.IDLE)
 
     def _validate_after(self, event: TrainerEvent) -> Proc:
         """verl validates after the step timer of every ``test_freq``-th version: the trainer waits

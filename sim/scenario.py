@@ -14,7 +14,8 @@ How the run sections map onto the simulator (docs/simulator.md has the table):
   prefill), ``rollout.max_num_seqs`` running requests, ``rollout.retry_delay_s``;
 - costs: a standalone sync is ``rollout.sim.weight_sync_s``; activating a hybrid
   costs ``trainer.offload_s + wake_s + weight_sync_s``, deactivating it
-  ``sleep_s + trainer.offload_s``;
+  ``sleep_s``, then the trainer's onload ``trainer.offload_s`` (at once with
+  ``dynamic_schedule_overlap_sleep``);
 - trainer: ``trainer.time_per_sample_s`` per sample on one GPU, plus the token
   model of ``simulator.trainer``;
 - workload: ``simulator.workload`` (log-normal) if given, else the sim engine's
@@ -83,6 +84,7 @@ class FlowSettings:
     dynamic_schedule_enable_rebalance: bool
     dynamic_schedule_fold_hybrid_sync: bool = False
     dynamic_schedule_overlap_wake: bool = False
+    dynamic_schedule_overlap_sleep: bool = False
 
     @property
     def step_required(self) -> int:
@@ -190,9 +192,11 @@ class SwitchCosts:
     standalone_sync_s: float
     hybrid_sync_s: float
     hybrid_sleep_s: float
+    """A hybrid's sleep alone; the trainer's onload after it is `trainer_offload_s` again."""
     monitor_interval_s: float
     trainer_offload_s: float = 0.0
-    """The trainer's offload before hybrids wake (part of hybrid_sync_s, modelled on its own)."""
+    """The trainer's offload before hybrids wake (part of hybrid_sync_s, modelled on its own), and its
+    onload once they slept (after GPUS_READY, or with the sleep under dynamic_schedule_overlap_sleep)."""
     hybrid_wake_s: float = 0.0
     """A hybrid's wake (part of hybrid_sync_s); the rest of hybrid_sync_s is its weight sync."""
 
@@ -268,7 +272,8 @@ def _policy_changes(policy: str) -> dict[str, Any]:
 _FLOW_FROM_ASYNC = ("trigger_parameter_sync_step", "staleness_threshold", "require_batches",
                     "partial_rollout", "concurrent_samples_per_replica", "use_dynamic_resource_scheduling",
                     "dynamic_schedule_deactivate_ratio", "dynamic_schedule_enable_rebalance",
-                    "dynamic_schedule_fold_hybrid_sync", "dynamic_schedule_overlap_wake")
+                    "dynamic_schedule_fold_hybrid_sync", "dynamic_schedule_overlap_wake",
+                    "dynamic_schedule_overlap_sleep")
 
 
 def _workload(config: Config, samples_per_version: int) -> WorkloadShape:
@@ -333,7 +338,7 @@ def _costs(config: Config) -> SwitchCosts:
     monitor_s = config.simulator.monitor_interval_s
     return SwitchCosts(standalone_sync_s=engine.weight_sync_s,
                        hybrid_sync_s=offload_s + engine.wake_s + engine.weight_sync_s,
-                       hybrid_sleep_s=engine.sleep_s + offload_s,
+                       hybrid_sleep_s=engine.sleep_s,
                        monitor_interval_s=monitor_s or ROLLOUTER_MONITOR_INTERVAL_S / config.run.time_scale,
                        trainer_offload_s=offload_s, hybrid_wake_s=engine.wake_s)
 

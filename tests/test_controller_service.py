@@ -54,8 +54,10 @@ async def test_a_weight_sync_is_one_trainer_command_whose_failed_push_falls_back
         assert report.error.startswith("ValueError")
         assert [(c.action, c.version, c.weights_path) for c in reloads] == [
             (CommandAction.UPDATE_WEIGHTS, 0, "/w/0")]
-        await executor.perform(ex.ReleaseTrainer())
+        await executor.perform(ex.ReleaseTrainer())  # the trainer's other commands are served alike
         assert trainer.backend.on_gpu is False  # type: ignore[attr-defined]
+        await executor.perform(ex.AcquireTrainer())
+        assert trainer.backend.on_gpu is True  # type: ignore[attr-defined]
     finally:
         stop.set()
         await asyncio.gather(*servers)

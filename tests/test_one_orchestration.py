@@ -89,7 +89,8 @@ def _scenario(policy: str, changes: dict[str, Any] | None = None) -> Scenario:
 
 
 FAST_SWITCHES = {"async_training.dynamic_schedule_fold_hybrid_sync": True,
-                 "async_training.dynamic_schedule_overlap_wake": True, "trainer.offload_s": 2.0}
+                 "async_training.dynamic_schedule_overlap_wake": True,
+                 "async_training.dynamic_schedule_overlap_sleep": True, "trainer.offload_s": 2.0}
 
 
 def _record_simulated_run(scenario: Scenario) -> tuple[list[_Handshake], Simulation]:
@@ -157,7 +158,8 @@ async def test_the_controller_service_asks_for_exactly_the_operations_the_simula
     controller = Controller(bus=Bus(redis, Names("t")), config=sim_config())  # type: ignore[arg-type]
     clock = [0.0]
     controller.executor_core = ExecutorCore(core=fresh.core, clock=lambda: clock[0],
-                                            overlap_wake=fresh.executor.overlap_wake)
+                                            overlap_wake=fresh.executor.overlap_wake,
+                                            overlap_sleep=fresh.executor.overlap_sleep)
     replay = _ReplayExecutor(clock)
     controller.executor = replay  # type: ignore[assignment]
     for handshake in log:

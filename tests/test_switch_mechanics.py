@@ -1,7 +1,7 @@
-"""The switch mechanics beyond the seed's order (folded hybrid sync, offload overlapped with the wake)
-keep the seed's invariants: one weight version on every serving replica after a sync, the trainer's
-GPUs released before a hybrid wakes and never computed on while a hybrid holds them, and no request
-reaching a removed replica. Pure tests of the cores, then the simulator end to end."""
+"""The switch mechanics beyond the seed's order (folded hybrid sync, offload overlapped with the wake,
+onload overlapped with the sleep) keep the seed's invariants: one weight version on every serving replica
+after a sync, the trainer's GPUs released before a hybrid wakes and never computed on while a hybrid holds
+them, and no request reaching a removed replica. Pure tests of the cores, then the simulator end to end."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from core.controller import (
     SyncWeights,
     WakeReplicas,
 )
-from shared.schema import CommandAction
+from shared.schema import CommandAction, TrainerAction, TrainerEvent, TrainerPhase
 from sim.run import Simulation
 from sim.scenario import load_scenario
 from tests.test_controller_core import H, S, SpyPolicy, make_core
@@ -72,6 +72,45 @@ def test_without_overlap_the_trainer_is_released_before_the_wake_is_sent():
     ops = peers.without_audits()
     wake = ex.WorkerCall(replica_ids=H, action=CommandAction.WAKE)
     assert ops.index(ex.ReleaseTrainer()) + 1 == ops.index(wake)
+
+
+def test_an_overlapped_sleep_onloads_the_trainer_while_the_hybrids_sleep_before_its_gpus_are_ready():
+    executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=True, wait=7)), clock=lambda: 0.0,
+                               overlap_sleep=True)
+    ex.drive(executor.on_weights_ready(weights_ready(0)), Peers())
+    peers = Peers()
+    peers.members = list(S + H)
+    event = TrainerEvent(phase=TrainerPhase.MICRO_STEP_START, global_steps=1, version=0)
+    reply = ex.drive(executor.on_micro_step_start(event), peers)
+    assert reply.action is TrainerAction.GPUS_READY  # only once the sleep and the onload both ended
+    ops = peers.without_audits()
+    assert ops[-2:] == [ex.WorkerCall(replica_ids=H, action=CommandAction.ABORT),
+                        ex.Concurrently(ops=(ex.WorkerCall(replica_ids=H, action=CommandAction.SLEEP),
+                                             ex.AcquireTrainer()))]
+    assert ops.index(ex.SetMembers(replica_ids=H, add=False)) < len(ops) - 2  # routing cut first
+
+
+def test_an_overlapped_sleep_saves_the_shorter_of_sleep_and_onload_on_each_deactivation_in_the_simulator():
+    base = load_scenario(SCENARIO).with_policy("adaptive").with_prompts(320).with_changes(
+        {"trainer.offload_s": 2.0, "rollout.sim.sleep_s": 3.0})
+    trainer_lost_s: dict[bool, list[float]] = {}
+    for overlap in (False, True):
+        sim = Simulation(base.with_changes({"async_training.dynamic_schedule_overlap_sleep": overlap}))
+        lost = trainer_lost_s[overlap] = []
+        update_after_step = sim.policy.update_after_step
+
+        def recording(global_steps, ctx, _lost=lost, _update=update_after_step):
+            if ctx.last_deactivate_duration_s:  # the deactivation, plus the offload and onload around it
+                _lost.append(ctx.last_deactivate_duration_s + ctx.last_switch_overhead_s)
+            _update(global_steps, ctx)
+
+        sim.policy.update_after_step = recording  # type: ignore[method-assign]
+        sim.run()
+    assert trainer_lost_s[False] and len(trainer_lost_s[True]) == len(trainer_lost_s[False])
+    # sleep 3, then the onload 2 after GPUS_READY, against max(sleep 3, onload 2) before it
+    saved = [apart - overlapped for apart, overlapped in zip(trainer_lost_s[False], trainer_lost_s[True],
+                                                          strict=True)]
+    assert saved == pytest.approx([2.0] * len(saved))
 
 
 @pytest.mark.parametrize("fold", [False, True])

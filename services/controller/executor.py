@@ -41,6 +41,11 @@ WORKER_DEADLINE_S = 180.0
 model takes tens of seconds); past it the worker is marked unresponsive and the plan goes on."""
 
 
+_TRAINER_GPU_ACTIONS = {ex.ReleaseTrainer: CommandAction.RELEASE_GPUS,
+                        ex.AcquireTrainer: CommandAction.ACQUIRE_GPUS}
+"""The trainer command each of the executor's trainer-GPU ops is."""
+
+
 class Executor:
     def __init__(self, *, bus: Bus, rpc: CommandClient, force_event: asyncio.Event | None = None,
                  worker_deadline_s: float = WORKER_DEADLINE_S) -> None:
@@ -71,8 +76,8 @@ class Executor:
                                 value=op.num_replicas)
         elif isinstance(op, ex.WorkerCall):
             await self._workers(op.replica_ids, op.action)
-        elif isinstance(op, ex.ReleaseTrainer):
-            await self.trainer_rpc.call(names.trainer_commands, CommandAction.RELEASE_GPUS)
+        elif isinstance(op, ex.ReleaseTrainer | ex.AcquireTrainer):
+            await self.trainer_rpc.call(names.trainer_commands, _TRAINER_GPU_ACTIONS[type(op)])
         elif isinstance(op, ex.SyncReplicas):
             ack = await self.trainer_rpc.call(names.trainer_commands, CommandAction.SYNC_WEIGHTS,
                                               replica_ids=list(op.replica_ids), version=op.version,

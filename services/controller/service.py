@@ -71,12 +71,19 @@ def build_core(config: Config) -> ControllerCore:
                           fold_hybrid_sync=at.dynamic_schedule_fold_hybrid_sync)
 
 
+def executor_core(core: ControllerCore, config: Config) -> ex.ExecutorCore:
+    """The command semantics around `core`, with the config's switch overlaps, on the wall clock."""
+    options = config.async_training
+    return ex.ExecutorCore(core=core, clock=time.monotonic,
+                           overlap_wake=options.dynamic_schedule_overlap_wake,
+                           overlap_sleep=options.dynamic_schedule_overlap_sleep)
+
+
 class Controller:
     def __init__(self, *, bus: Bus, config: Config) -> None:
         self.bus = bus
         self.config = config
-        self.executor_core = ex.ExecutorCore(core=build_core(config), clock=time.monotonic,
-                                             overlap_wake=config.async_training.dynamic_schedule_overlap_wake)
+        self.executor_core = executor_core(build_core(config), config)
         self.rpc = CommandClient(bus)
         self.force_deactivate_now = asyncio.Event()
         self.executor = Executor(bus=bus, rpc=self.rpc, force_event=self.force_deactivate_now)
@@ -137,9 +144,7 @@ class Controller:
             return
         core_state, self.last_event = load_snapshot(raw, key=self.bus.names.controller_state)
         core = ControllerCore.restore(core_state, policy=await self._chosen_policy())
-        self.executor_core = ex.ExecutorCore(
-            core=core, clock=time.monotonic,
-            overlap_wake=self.config.async_training.dynamic_schedule_overlap_wake)
+        self.executor_core = executor_core(core, self.config)
         log.info("restored controller: mode=%s last_event=%s", core.mode, self.last_event)
 
     async def _chosen_policy(self) -> DynamicSchedulePolicyBase:

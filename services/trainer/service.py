@@ -12,9 +12,10 @@ hybrids hold its GPUs:
         weights_ready(v+1) -> (controller syncs) -> sync_done
     micro_step_done (the step's metrics)
 
-During a sync the controller sends it commands on `trainer_commands`, served
+During a handshake the controller sends it commands on `trainer_commands`, served
 concurrently and acked like any peer's: RELEASE_GPUS (offload before the hybrids
-wake) and SYNC_WEIGHTS (bring replicas to the version: push over their transport, in
+wake), ACQUIRE_GPUS (onload while they sleep, under dynamic_schedule_overlap_sleep),
+and SYNC_WEIGHTS (bring replicas to the version: push over their transport, in
 its groups, else or for a group whose push failed the filesystem; one WeightSyncReport
 back, with each push's outcome). So the weight push is one command the trainer owns
 end to end.
@@ -313,6 +314,9 @@ class Trainer:
     async def _apply(self, command: Command) -> WeightSyncReport | None:
         if command.action is CommandAction.RELEASE_GPUS:
             await in_thread(self.backend.release_gpu)
+            return None
+        if command.action is CommandAction.ACQUIRE_GPUS:  # the hybrids sleep meanwhile; GPUS_READY follows
+            await in_thread(self.backend.acquire_gpu)
             return None
         if command.action is CommandAction.SYNC_WEIGHTS:
             try:
