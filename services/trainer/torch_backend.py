@@ -307,6 +307,8 @@ class TorchGRPOTrainer:
         if self.device.type != "cuda":
             log.info("acquire_gpu: trainer runs on %s, nothing to reload", self.device)
             return
+        if self.on_gpu:  # already reloaded while the hybrids slept (dynamic_schedule_overlap_sleep)
+            return
         t0 = time.monotonic()
         self._move_to(self.device)
         torch.cuda.synchronize(self.device)
