@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import write_result
+from bench.live_run import live_config
 from services import launcher
 from services.launcher import DUPLICATED, LOST
 from shared.names import AccountingField, RunStatus
-from tests.live_run import live_config
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HANG_STALE_S = 10.0

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.live_run import live_config, wait_for
 from services import launcher
 from shared.names import RunStatus
-from tests.live_run import live_config, wait_for
 
 
 def one_run(service: str | None) -> dict[str, Any]:

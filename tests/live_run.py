@@ -1,5 +1,6 @@
 """A real sim run for tests that watch it from outside (Prometheus, a browser): every service its own
-process (services/launcher.py), slowed down so there is time to look, its admin API on a free port."""
+process (services/launcher.py), slowed down so there is time to look, its admin API on a free port.
+Its config is bench/live_run.py's (the chaos and hung-service benches run the same)."""
 
 from __future__ import annotations
 
@@ -9,25 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from bench.live_run import live_config
 from services import launcher
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def live_config(tmp_path: Path, *, time_scale: float, policy: str = "fixed_ratio",
-                total_rollout_steps: int = 384, run: dict[str, Any] | None = None) -> Path:
-    """configs/sim_small.yaml at `time_scale` (0.02 there: ~15 s), switching every cycle by default;
-    `run` overrides keys of its run section."""
-    data: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "sim_small.yaml").read_text())
-    data["run"].update(time_scale=time_scale, namespace=f"live{time.monotonic_ns()}", admin_port=0,
-                       **(run or {}))
-    data["data"]["total_rollout_steps"] = total_rollout_steps
-    data["async_training"]["dynamic_schedule_policy"] = policy
-    path = tmp_path / "live.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 @contextmanager
@@ -40,15 +24,3 @@ def live_run(tmp_path: Path, **config: Any) -> Iterator[tuple[launcher.Job, str]
             job.poll()
             time.sleep(0.1)
         yield job, address
-
-
-def wait_for(predicate: Any, *, timeout_s: float, what: str, job: launcher.Job | None = None) -> Any:
-    """Poll `predicate()` until it returns something truthy (returned); fail naming `what`."""
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        if value := predicate():
-            return value
-        if job is not None:
-            job.poll()  # a crashed service fails the test with its log, not a timeout
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")

@@ -16,6 +16,7 @@ import redis
 import redis.asyncio as aredis
 import yaml
 
+from bench.live_run import live_config
 from services import launcher
 from services.launcher import LOST
 from services.run_outputs import StreamExport, run_exports
@@ -27,7 +28,6 @@ from shared.stream_groups import trim_acked
 from shared.streams import StreamConsumer, connect, ensure_group, xadd_many
 from shared.vocab import AuditKind
 from tests.conftest import RedisServer
-from tests.live_run import live_config
 from tests.stack import Stack, sim_config
 
 STREAM = "t:mq"

@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.live_run import wait_for
 from shared.admin_auth import TOKEN_ENV
-from tests.live_run import live_run, wait_for
+from tests.live_run import live_run
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
 from selenium.webdriver.chrome.options import Options  # noqa: E402

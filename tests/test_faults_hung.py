@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.live_run import live_config, wait_for
 from services import launcher
 from services.launcher import DUPLICATED, LOST
 from services.restarts import BLIND_S, HangWatch
@@ -22,7 +23,6 @@ from shared.config import load_config
 from shared.health import judge
 from shared.names import HEALTH_TTL_S, AccountingField, Names, RunStatus, SampleState, worker_process_name
 from tests.conftest import RedisServer
-from tests.live_run import live_config, wait_for
 
 SAMPLES = 256
 MISSING = judge(None, key="ns:health:x", stale_after_s=120.0)

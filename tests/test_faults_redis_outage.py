@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.live_run import live_config, wait_for
 from services import launcher
 from services.cli import main
 from services.launcher import DUPLICATED, LOST
@@ -22,7 +23,6 @@ from shared.names import AccountingField, RunStateField, RunStatus, SampleState
 from shared.redis_client import BACKOFF_CAP_S, connect
 from shared.runtime import free_port
 from tests.conftest import RedisServer
-from tests.live_run import live_config, wait_for
 
 pytestmark = pytest.mark.e2e
 SAMPLES = 256

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.live_run import live_config, wait_for
 from services import launcher
 from services.launcher import DUPLICATED, LOST
 from services.restarts import RestartBudget
 from shared.names import AccountingField, RunStatus, SampleState
-from tests.live_run import live_config, wait_for
 
 SAMPLES = 256
 

@@ -16,9 +16,10 @@ import httpx
 import pytest
 import yaml
 
+from bench.live_run import wait_for
 from shared.names import RunStatus
 from shared.runtime import free_port
-from tests.live_run import live_run, wait_for
+from tests.live_run import live_run
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus")
