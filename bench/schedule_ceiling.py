@@ -60,8 +60,7 @@ class ThresholdSchedule(DynamicSchedulePolicyBase):
 
     def should_activate_after_step(self, global_steps: int, is_hybrid_active: bool,
                                    ctx: DynamicScheduleContext) -> bool:
-        queued = ctx.queue_size if ctx.queue_size >= 0 else ctx.total_generated_samples - ctx.expected_samples
-        return not ctx.feed_done and queued < self.activate_below * ctx.required_samples
+        return not ctx.feed_done and ctx.queued_samples < self.activate_below * ctx.required_samples
 
 
 def threshold_policy(activate_below: float, deactivate_at: float) -> str:

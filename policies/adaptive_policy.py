@@ -156,7 +156,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def _decide(self, ctx: DynamicScheduleContext) -> bool:
         self._credit_rebalance_choice(ctx)
         self._credit_prediction(ctx)
-        surplus = _queued(ctx)
+        surplus = ctx.queued_samples
         self.predicted_idle_s = -1.0
         if self.only_hybrid:
             self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
@@ -328,7 +328,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return float("inf")
         pooled = standalone_rate + hybrid_rate
         fill_rate = min(pooled, self._fill_rate(ctx) or pooled)
-        surplus = max(0, _queued(ctx))
+        surplus = max(0, ctx.queued_samples)
         switch_s = self.switch_cost_s(ctx)
         fill_s = max(0, wait - surplus) / fill_rate
         queued = max(wait, surplus) + standalone_rate * switch_s + (pooled - fill_rate) * fill_s
@@ -348,14 +348,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return info
 
 
-def _queued(ctx: DynamicScheduleContext) -> int:
-    """Samples queued at the sync: read by the controller, else the seed's total_generated - expected."""
-    return ctx.queue_size if ctx.queue_size >= 0 else ctx.total_generated_samples - ctx.expected_samples
-
-
 def _queue_level(ctx: DynamicScheduleContext) -> int:
     """How many micro-steps the queue at the sync can feed, capped at QUEUE_LEVELS - 1."""
-    return min(QUEUE_LEVELS - 1, max(0, _queued(ctx)) // ctx.required_samples)
+    return min(QUEUE_LEVELS - 1, max(0, ctx.queued_samples) // ctx.required_samples)
 
 
 def _moving(average: float, value: float) -> float:

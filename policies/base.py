@@ -131,6 +131,14 @@ class DynamicScheduleContext:
         """max_required - step_required: samples a version can hand to the next (queued or in flight)."""
         return self.max_required_samples - self.step_required_samples
 
+    @property
+    def queued_samples(self) -> int:
+        """Samples queued at the sync: `queue_size` as the controller read it, else the seed's estimate
+        `total_generated - expected`."""
+        if self.queue_size >= 0:
+            return self.queue_size
+        return self.total_generated_samples - self.expected_samples
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field (lists copied), for persistence."""
         return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
