@@ -228,8 +228,11 @@ class ExecutorCore:
         for command in commands:
             if isinstance(command, cc.RemoveReplicas):  # the hybrids' window closes: measure it
                 progress: RolloutProgress = yield ReadProgress()
-                meter.read_progress(self.clock(), progress.total_generated)
-                meter.set_serving(self.clock(), hybrids=0)
+                # One instant for both: a live clock moves between two reads, and the sliver of hybrid
+                # time it would leave made the whole next cycle count as a (near-zero-length) window.
+                closed = self.clock()
+                meter.read_progress(closed, progress.total_generated)
+                meter.set_serving(closed, hybrids=0)
             started = self.clock()
             standalone_sync = (isinstance(command, cc.SyncWeights) and bool(standalones)
                                and set(standalones) <= set(command.replica_ids))

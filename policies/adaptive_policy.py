@@ -213,6 +213,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "corrected_gain_s": round(corrected_gain, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
+            "fill_samples_per_s": round(self._fill_rate(ctx), 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
             "switch_cost_s": round(self.switch_cost_s(ctx), 3), "static_idle_s": round(static_idle, 3),
             "min_gain_s": round(min_gain_s, 3),

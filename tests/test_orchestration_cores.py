@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from core import executor as ex
 from core import trainer_cycle as tc
 from core.flow import FlowLimits
@@ -219,3 +221,43 @@ def test_the_feed_never_exceeds_max_concurrent_and_ends_at_total_rollout_steps()
     assert [life.next_sample(mq_size=0, now_s=0.0) for _ in range(4)] == [
         "sample_0_0", "sample_0_1", "sample_0_2", None]
     assert life.feed_done and not life.status().stalled
+
+
+class Ticking:
+    """A live-like clock: `now` is the world's time, and every read is a microsecond later than the last."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+
+def test_a_live_clock_that_moves_between_reads_measures_the_hybrid_window_at_its_own_fill_rate() -> None:
+    clock = Ticking()
+    executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=True, wait=7)), clock=clock)
+    generated = {"total": 0}
+
+    class Producing(Peers):
+        """Peers whose rollouter reports `generated`, and whose waits take world time."""
+
+        def __call__(self, op: ex.Op) -> Any:
+            if isinstance(op, ex.ReadProgress):
+                self.ops.append(op)
+                return ex.RolloutProgress(total_generated=generated["total"], completed_steps=1)
+            if isinstance(op, ex.AwaitSamples):  # the window: 20 samples in 10 s
+                clock.now += 10.0
+                generated["total"] += 20
+            return super().__call__(op)
+
+    ex.drive(executor.on_weights_ready(weights_ready(0)), Producing())
+    peers = Producing()
+    peers.members = list(S + H)
+    event = TrainerEvent(phase=TrainerPhase.MICRO_STEP_START, global_steps=1, version=0)
+    ex.drive(executor.on_micro_step_start(event), peers)
+    clock.now += 30.0  # the cycle trains on standalones alone: 60 samples, no hybrid serving
+    generated["total"] += 60
+    ex.drive(executor.on_weights_ready(weights_ready(1)), Producing())
+    assert executor.meter.hybrid_window_samples_per_s == pytest.approx(2.0, rel=1e-3)
+    assert executor.meter.last_hybrid_window_samples_per_s == pytest.approx(2.0, rel=1e-3)
