@@ -68,7 +68,9 @@ class RateMeter:
 
     def set_serving(self, now_s: float, *, standalones: int | None = None,
                     hybrids: int | None = None) -> None:
-        """The number of standalones and/or hybrids serving changes at `now_s`."""
+        """The number of standalones and/or hybrids serving changes at `now_s`. A change that happens
+        with a progress reading must be given the reading's `now_s`: any hybrid time between them makes
+        the next reading's segment a hybrid window."""
         self._close_segment(now_s)
         if standalones is not None:
             self.standalones_serving = standalones
