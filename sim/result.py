@@ -70,6 +70,9 @@ class SimResult:
     """One record per sync cycle: section-4 metrics plus timings."""
     mq_series: list[tuple[float, int]] = field(default_factory=list)
     """(time, mq_size) right after each trainer micro-step."""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    """The policy's audited decisions in order, each the live audit stream's `decision` record plus its
+    `version`: the numbers each decision compared, as the live controller audits them."""
     timeline: Timeline | None = None
     gpus_per_lane: int = 8
     tokens: dict[str, float] = field(default_factory=dict)
@@ -134,6 +137,7 @@ class SimResult:
         if with_series:
             data["cycles"] = self.cycles
             data["mq_series"] = [[round(t, 2), q] for t, q in self.mq_series]
+            data["decisions"] = self.decisions
         return data
 
 

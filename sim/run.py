@@ -26,7 +26,7 @@ from core.controller import ControllerCore
 from core.flow import FlowLimits
 from policies import DynamicScheduleContext, build_policy
 from shared.names import AccountingField as A
-from shared.schema import CommandAction, TrainerEvent, TrainerPhase, WeightSyncReport
+from shared.schema import AuditKind, CommandAction, TrainerEvent, TrainerPhase, WeightSyncReport
 from shared.vocab import LaneState
 from sim.bound import ideal_lower_bound_s
 from sim.engine import Engine, Signal
@@ -142,7 +142,10 @@ class Simulation:
             result = yield from self._perform(op)
 
     def _perform(self, op: ex.Op) -> Proc:
-        """Perform one of the plan's ops on the clock; returns its result."""
+        """Perform one of the plan's ops on the clock; returns its result. A policy decision's audit
+        is kept in the result, as the live controller's audit stream keeps it."""
+        if isinstance(op, ex.Audit) and op.event.kind is AuditKind.DECISION and op.event.decision:
+            self.result.decisions.append({"version": op.event.version, **op.event.decision})
         return (yield from self._perform_one(op))
 
     def _perform_one(self, op: ex.Op) -> Proc:
@@ -173,7 +176,7 @@ class Simulation:
             yield from self._move_trainer(on_gpu=isinstance(op, ex.AcquireTrainer))
         elif isinstance(op, ex.Concurrently):
             return (yield from self._concurrently(op.ops))
-        # Checkpoint, Audit: nothing to model (no crash, no log)
+        # Checkpoint, Audit: nothing to model (no crash, no log; a decision is kept by _perform)
         return None
 
     def _concurrently(self, ops: tuple[ex.Op, ...]) -> Proc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,6 +12,7 @@ import yaml
 from bench.sim_to_live import agreement, compare, rescaled
 from services.launcher import run_job
 from shared.config import load_config
+from shared.vocab import AuditKind
 from sim.run import simulate
 from sim.scenario import Scenario
 
@@ -75,3 +77,27 @@ def test_a_token_trainer_model_scenario_trains_live_in_the_planners_update_time(
     assert live_update_s == pytest.approx(planned_update_s, rel=0.01)
     collect_s = 0.05 * 16  # inside timing_s/gen, live as in the planner
     assert sum(line["timing_s/gen"] for line in lines) / scale / micro_steps >= collect_s
+
+
+def _first_fill_rate(decisions: list[dict[str, Any]]) -> float:
+    """The fill rate of the first decision that had a measured hybrid window (the run's first window)."""
+    return next(d["fill_samples_per_s"] for d in decisions if d.get("fill_samples_per_s"))
+
+
+@pytest.mark.timeout(600)
+def test_the_adaptive_policy_measures_its_first_hybrid_window_live_at_the_planners_fill_rate(
+        tmp_path: Path) -> None:
+    # Both runs lend the hybrids at the first sync until `required` samples are queued, so the first
+    # window is the same one. A live clock moves between two reads where the planner's does not: a
+    # window closed at two instants once made the next cycle count as a near-zero window, and the live
+    # fill rate read 7x the planner's (adaptive then planned the longest windows).
+    path = rescaled(SMALL, tmp_path, time_scale=0.5, namespace="fill_rate_test",
+                    changes={"async_training.dynamic_schedule_policy": "adaptive"})
+    config = load_config(path)
+    run_job(path, tmp_path / "run", fresh=True, progress=False, timeout_s=500.0)
+    records = [json.loads(line) for line in (tmp_path / "run" / "audit.jsonl").read_text().splitlines()]
+    live_decisions = [r["decision"] for r in records if r["kind"] == AuditKind.DECISION]
+    live_per_modelled_s = _first_fill_rate(live_decisions) * config.run.time_scale  # live rates: per wall s
+    planned = simulate(Scenario.from_config(config))
+    assert _first_fill_rate(planned.decisions) > 0
+    assert live_per_modelled_s == pytest.approx(_first_fill_rate(planned.decisions), rel=0.25)
