@@ -11,6 +11,7 @@ import yaml
 
 from bench.sim_to_live import agreement, compare, rescaled
 from services.launcher import run_job
+from services.report import read_audit
 from shared.config import load_config
 from shared.vocab import AuditKind
 from sim.run import simulate
@@ -95,8 +96,8 @@ def test_the_adaptive_policy_measures_its_first_hybrid_window_live_at_the_planne
                     changes={"async_training.dynamic_schedule_policy": "adaptive"})
     config = load_config(path)
     run_job(path, tmp_path / "run", fresh=True, progress=False, timeout_s=500.0)
-    records = [json.loads(line) for line in (tmp_path / "run" / "audit.jsonl").read_text().splitlines()]
-    live_decisions = [r["decision"] for r in records if r["kind"] == AuditKind.DECISION]
+    audit = read_audit(tmp_path / "run" / "audit.jsonl")
+    live_decisions = [e.decision for e in audit if e.kind is AuditKind.DECISION and e.decision]
     live_per_modelled_s = _first_fill_rate(live_decisions) * config.run.time_scale  # live rates: per wall s
     planned = simulate(Scenario.from_config(config))
     assert _first_fill_rate(planned.decisions) > 0
