@@ -205,6 +205,11 @@ class RolloutConfig(_Section):
     weight_push_timeout_s: Positive = 300.0
     """Deadline of one push (trainer) and of one push step (worker): past it the trainer aborts its
     communicator and the worker exits to be restarted (docs/real_training.md)."""
+    worker_start_timeout_s: Seconds = 600.0
+    """How long a fresh controller waits for every replica's worker to finish starting (load its
+    engine; a hybrid also puts it to sleep) before it handles the trainer's first event, as the
+    original starts and sleeps its hybrids before training. Past it the controller goes on; a
+    replica still starting gets each command when it starts, and the first wake waits for it."""
     hybrid_kv_cache_memory_bytes: Annotated[int, Field(ge=0)] = 0
     """vLLM's kv_cache_memory_bytes for hybrids (0: sized from gpu_memory_utilization); what a
     hybrid re-allocates on every wake on the trainer's GPU."""

@@ -166,3 +166,39 @@ async def test_a_weight_sync_sends_a_worker_still_starting_its_engine_a_reload_w
         assert report.ok and worker.version == 2
     finally:
         await stack.close()
+
+
+async def test_a_fresh_controller_answers_the_trainer_only_once_every_worker_has_started(redis_server):
+    config = sim_config(data={"total_rollout_steps": SAMPLES})
+    stack = Stack(config, redis_server.url)
+    await stack.start(without=("hybrid_0",))
+    try:
+        await asyncio.sleep(1.0)  # the hybrid's worker is still starting (a vLLM engine: tens of s)
+        assert await stack.buses[0].redis.xlen(stack.names.trainer_replies) == 0
+        engine = SimEngine(config=config, hybrid=True)
+        await engine.start()
+        worker = RolloutWorker(bus=stack.bus(), replica_id="hybrid_0", engine=engine,
+                               initial_state=ReplicaState.SLEEPING)
+        stack.tasks["hybrid_0"] = asyncio.create_task(worker.run(stack.stop))
+        await stack.wait_done(timeout_s=60)
+        counts = await stack.accounting()
+    finally:
+        await stack.close()
+    _assert_trained_once(counts)
+
+
+async def test_a_worker_that_never_starts_delays_a_fresh_run_by_the_start_timeout_only(redis_server):
+    config = sim_config(data={"total_rollout_steps": SAMPLES}, rollout={"worker_start_timeout_s": 1.0})
+    stack = Stack(config, redis_server.url)
+    started = time.monotonic()
+    await stack.start(without=("hybrid_0",))
+    try:
+        while not await stack.buses[0].redis.xlen(stack.names.trainer_replies):
+            await asyncio.sleep(0.01)
+        first_reply_after_s = time.monotonic() - started
+        await stack.wait_done(timeout_s=60)
+        counts = await stack.accounting()
+    finally:
+        await stack.close()
+    _assert_trained_once(counts)
+    assert 1.0 <= first_reply_after_s < 5.0

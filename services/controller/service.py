@@ -34,7 +34,9 @@ from services.controller.executor import Executor
 from services.controller.snapshot import HandledEvent, dump_snapshot, load_snapshot
 from shared.bus import Bus, text
 from shared.config import Config
+from shared.liveness import beat
 from shared.names import CONTROLLER_GROUP, RunStateField, RunStatus
+from shared.peer_liveness import serving
 from shared.rpc import CommandClient
 from shared.schema import (
     AuditEvent,
@@ -49,6 +51,8 @@ from shared.schema import (
 
 log = logging.getLogger(__name__)
 CONSUMER = "controller"
+START_POLL_S = 0.02
+"""Period of the start-up wait for workers (one Redis round trip)."""
 T = TypeVar("T")
 
 
@@ -104,11 +108,14 @@ class Controller:
     # -- lifecycle -------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """1. restore the core; 2. handle trainer events one at a time until `stop` or the run is done."""
-        await self._restore()
+        """1. restore the core; 2. in a fresh run, wait for the workers to start; 3. handle trainer
+        events one at a time until `stop` or the run is done."""
+        fresh = await self._restore()
         self.ready = True
         await self.rpc.start()
         await self.executor.start()
+        if fresh:
+            await self._await_started_workers(stop)
         await self._announce_capacity()
         events = await self.bus.subscribe(self.bus.names.trainer_events, CONTROLLER_GROUP, CONSUMER)
         try:
@@ -137,15 +144,37 @@ class Controller:
         handler.result()
         return True
 
-    async def _restore(self) -> None:
+    async def _restore(self) -> bool:
+        """The core from its snapshot, if one was saved; True if there was none (a fresh run)."""
         raw = await self.bus.redis.get(self.bus.names.controller_state)
         if raw is None:
             await self.persist()
-            return
+            return True
         core_state, self.last_event = load_snapshot(raw, key=self.bus.names.controller_state)
         core = ControllerCore.restore(core_state, policy=await self._chosen_policy())
         self.executor_core = executor_core(core, self.config)
         log.info("restored controller: mode=%s last_event=%s", core.mode, self.last_event)
+        return False
+
+    async def _await_started_workers(self, stop: asyncio.Event) -> None:
+        """Before the first event of a fresh run: wait, within `worker_start_timeout_s`, until every
+        replica's worker has started (`worker_serving`). Otherwise the startup sync's first wake
+        would wait for hybrids still loading their engines, and the policy would price that start
+        as the cost of a switch. A restored controller does not wait: its workers have started."""
+        names, core = self.bus.names, self.core
+        replica_ids = list(core.standalone_ids) + list(core.hybrid_ids)
+        deadline = time.monotonic() + self.config.rollout.worker_start_timeout_s
+        while not stop.is_set():
+            started = await serving(self.bus.redis, names, replica_ids)
+            waiting = [r for r, up in zip(replica_ids, started, strict=True) if not up]
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("replicas %s have not started after %.0f s: handling the trainer's events "
+                            "without them", waiting, self.config.rollout.worker_start_timeout_s)
+                return
+            beat()
+            await asyncio.sleep(START_POLL_S)
 
     async def _chosen_policy(self) -> DynamicSchedulePolicyBase:
         """The config's policy, unless the admin API chose another (Names.controller_policy)."""
