@@ -14,7 +14,7 @@ Targets (issue 10): wall within 10%, activations within 20% (or within 1 when bo
 mean mq_size within 20% (or within 2 samples when both are small).
 
 Run: ``python -m bench.sim_to_live [--config FILE ...] [--time-scale 0.1] [--set KEY=VALUE ...]
-[--versions] [--out FILE]`` (the seed-shaped configs/sim_* take ~2 wall minutes each at their
+[--versions] [--out FILE] [--runs-dir DIR]`` (the seed-shaped configs/sim_* take ~2 wall minutes each at their
 time_scale 0.05, ~4 at 0.1). A scenario is a config too; ``--set`` changes a key of every config
 (repeatable, YAML values), e.g. shorten ``scenarios/seed_qwen35_35b_a3b_32xh20.yaml`` with
 ``--set data.total_rollout_steps=640``.
@@ -108,13 +108,17 @@ def rescaled(config_path: Path, out_dir: Path, *, time_scale: float | None = Non
     return path
 
 
-def compare(config_path: Path, *, timeout_s: float = 900.0) -> dict[str, Any]:
+def compare(config_path: Path, *, timeout_s: float = 900.0, runs_dir: Path | None = None) -> dict[str, Any]:
     """Both runs of one config, the agreement, the live system's own cost per version (its extra
     length over the planner's, in wall seconds: Redis round trips, polls, CPU contention) and the
-    machine's 1-minute load average before and after the live run (this machine is shared)."""
+    machine's 1-minute load average before and after the live run (this machine is shared). The
+    live run's directory (audit, metrics, logs) is kept under `runs_dir` if given."""
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="sim_to_live_") as tmp:
-        run = live(config_path, Path(tmp), timeout_s=timeout_s)
+    if runs_dir is not None:
+        run = live(config_path, runs_dir / config_path.stem, timeout_s=timeout_s)
+    else:
+        with tempfile.TemporaryDirectory(prefix="sim_to_live_") as tmp:
+            run = live(config_path, Path(tmp), timeout_s=timeout_s)
     load_after = os.getloadavg()[0]
     sim = planned(config_path)
     extra_s = run["wall_after_first_version_s"] - sim["wall_after_first_version_s"]
@@ -152,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="configs (default: the seed-shaped sim_*)")
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="keep each live run's directory (audit.jsonl, metrics, logs) under this one")
     parser.add_argument("--versions", action="store_true", help="also print live/planner per version")
     parser.add_argument("--time-scale", type=float, default=None,
                         help="run every config at this run.time_scale instead of its own")
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sim_to_live_configs_") as tmp:
         if args.time_scale is not None or changes:
             paths = [rescaled(path, Path(tmp), time_scale=args.time_scale, changes=changes) for path in paths]
-        rows = [compare(path, timeout_s=args.timeout_s) for path in paths]
+        rows = [compare(path, timeout_s=args.timeout_s, runs_dir=args.runs_dir) for path in paths]
     for row in rows:
         print(format_row(row))
         if args.versions:
