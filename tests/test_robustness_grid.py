@@ -1,0 +1,32 @@
+"""The robustness-grid bench (bench/robustness_grid.py): its points change what they say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.robustness_grid import grid, point
+from sim.scenario import load_scenario
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim_16_16_adaptive.yaml"
+
+
+@pytest.mark.parametrize("name", ["workload", "switch"])
+def test_every_point_of_a_grid_is_a_valid_change_of_the_config(name: str) -> None:
+    points = grid(name)
+    assert len(points) == 36 and len({tuple(sorted(p.items())) for p in points}) == 36
+    for changes in points:
+        load_scenario(CONFIG).with_changes(changes)  # raises on an unknown key or a bad value
+
+
+def test_a_switch_point_prices_the_switches_it_names() -> None:
+    changes = {"rollout.sim.wake_s": 30.0, "rollout.sim.sleep_s": 30.0, "trainer.offload_s": 0.0,
+               "rollout.sim.weight_sync_s": 2.0, "trainer.time_per_sample_s": 26.0}
+    costs = load_scenario(CONFIG).with_changes(changes).costs
+    assert (costs.hybrid_wake_s, costs.hybrid_sleep_s, costs.standalone_sync_s) == (30.0, 30.0, 2.0)
+
+
+def test_a_point_compares_the_policy_with_static_on_the_same_workload() -> None:
+    row = point(CONFIG, "static", 160, {"trainer.time_per_sample_s": 13.0})
+    assert row["static_s"] == row["policy_s"] and row["vs_static"] == 0.0
