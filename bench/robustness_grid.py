@@ -7,10 +7,10 @@ the worst. Robustness target: never more than 1% slower than static. Two grids (
 
 - `workload` (default): the trainer's seconds per sample (from production-bound to consumption-bound),
   the staleness threshold and the trigger;
-- `switch`: the switch mechanics' costs (hybrid wake = sleep, the trainer's offload, the weight sync:
+- `switch_costs`: the switch mechanics' costs (hybrid wake = sleep, the trainer's offload, the weight sync:
   a large model's switches take tens of seconds) at three trainer speeds.
 
-Run: ``python -m bench.robustness_grid [--grid workload|switch] [--config configs/sim_16_16_adaptive.yaml]
+Run: ``python -m bench.robustness_grid [--grid workload|switch_costs] [--config configs/sim_16_16_adaptive.yaml]
 [--policy adaptive] [--prompts 1280] [--out FILE]`` (each grid is 36 points x 2 runs, ~1 minute on a
 quiet machine).
 """
@@ -38,7 +38,7 @@ SWITCH_TRAINER_S_PER_SAMPLE = (13.0, 26.0, 60.0)
 
 def grid(name: str) -> list[dict[str, Any]]:
     """The config changes of every point of grid `name`."""
-    if name == "switch":
+    if name == "switch_costs":
         return [{"rollout.sim.wake_s": wake_sleep, "rollout.sim.sleep_s": wake_sleep,
                  "trainer.offload_s": offload, "rollout.sim.weight_sync_s": sync,
                  "trainer.time_per_sample_s": per_sample}
@@ -60,7 +60,7 @@ def point(config: Path, policy: str, prompts: int, changes: dict[str, Any]) -> d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--grid", choices=("workload", "switch"), default="workload")
+    parser.add_argument("--grid", choices=("workload", "switch_costs"), default="workload")
     parser.add_argument("--config", type=Path, default=PROJECT_ROOT / "configs" / "sim_16_16_adaptive.yaml")
     parser.add_argument("--policy", default="adaptive")
     parser.add_argument("--prompts", type=int, default=1280)
