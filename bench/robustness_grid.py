@@ -10,9 +10,9 @@ the worst. Robustness target: never more than 1% slower than static. Two grids (
 - `switch_costs`: the switch mechanics' costs (hybrid wake = sleep, the trainer's offload, the weight sync:
   a large model's switches take tens of seconds) at three trainer speeds.
 
-Run: ``python -m bench.robustness_grid [--grid workload|switch_costs] [--config configs/sim_16_16_adaptive.yaml]
-[--policy adaptive] [--prompts 1280] [--out FILE]`` (each grid is 36 points x 2 runs, ~1 minute on a
-quiet machine).
+Run: ``python -m bench.robustness_grid [--grid workload|switch_costs]
+[--config configs/sim_16_16_adaptive.yaml] [--policy adaptive] [--prompts 1280] [--out FILE]`` (each
+grid is 36 points x 2 runs, ~1 minute on a quiet machine).
 """
 
 from __future__ import annotations
