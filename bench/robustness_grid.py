@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worst: {100 * worst['vs_static']:+.1f}% at "
           + ", ".join(f"{k}={v}" for k, v in worst.items() if "." in k))
     write_result(args.out, {"config": str(args.config), "grid": args.grid, "policy": args.policy,
-                            "prompts": args.prompts,
-                            "rows": rows})
+                            "prompts": args.prompts, "rows": rows})
     return 0
 
 

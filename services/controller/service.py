@@ -34,10 +34,10 @@ from services.controller.executor import Executor
 from services.controller.snapshot import HandledEvent, dump_snapshot, load_snapshot
 from shared.bus import Bus, text
 from shared.config import Config
-from shared.liveness import beat
 from shared.names import CONTROLLER_GROUP, RunStateField, RunStatus
 from shared.peer_liveness import serving
 from shared.rpc import CommandClient
+from shared.runtime import sleep_unless
 from shared.schema import (
     AuditEvent,
     AuditKind,
@@ -173,8 +173,7 @@ class Controller:
                 log.warning("replicas %s have not started after %.0f s: handling the trainer's events "
                             "without them", waiting, self.config.rollout.worker_start_timeout_s)
                 return
-            beat()
-            await asyncio.sleep(START_POLL_S)
+            await sleep_unless(stop, START_POLL_S)
 
     async def _chosen_policy(self) -> DynamicSchedulePolicyBase:
         """The config's policy, unless the admin API chose another (Names.controller_policy)."""
