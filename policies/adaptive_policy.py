@@ -19,15 +19,21 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
 - Rates: P_s and P_h come from the per-replica rate pooled over whole sync cycles (it credits a
   hybrid's work finished on a standalone after the deactivation); the queue fills during the
   window at the rate measured in the hybrid windows (slower: a window is short against a sample's
-  latency), and what the pooled rate produced beyond it is credited after the switch.
-- Activate iff static_idle - min_X dynamic_idle(X) > MIN_GAIN_FRACTION x the cycle's training time,
-  and deactivate at that X.
+  latency), and what the pooled rate produced beyond it is credited after the switch. The static
+  prediction uses what cycles kept asleep measured instead: their rate per standalone replica-second
+  (the pooled rate is diluted by every lent replica-second where the rollouter's staleness limit, not
+  its replicas, caps a version's samples) and, for the wait before the first micro-step, the rate
+  that wait saw (right after the sync, the hybrid window's counterpart).
+- Activate iff static_idle - min_X dynamic_idle(X), corrected by the measured errors below, beats
+  MIN_GAIN_FRACTION x the cycle's training time plus UNCERTAINTY_Z standard errors of those
+  corrections, and deactivate at that X.
 
 The model checks itself: at each sync the trainer idle the last cycle measured (activation, the wait with
 the hybrids lent, deactivation, offload/onload, collection waits) is compared with what the decision
-predicted, and the moving average of the error (one per decision kind: stay, activate, and per level of
-the queue at the sync: it cannot feed the first micro-step, it feeds one, it feeds more) corrects the next
-comparisons at that level (a level not measured yet takes the kind's error over all levels). A model whose
+predicted, and the moving average of the error (one per decision kind, stay or activate, and level of the
+queue at the sync: it cannot feed the first micro-step, it feeds one, it feeds more) corrects the next
+comparisons of that kind at that level. A level not measured yet is not corrected: an error does not carry
+over from another level, where the rollouter's staleness limit and the samples in flight differ. A model whose
 switches measured worse than predicted falls back to static behaviour, and re-measures one switch every
 RETRY_EVERY cycles kept asleep only by that correction; symmetrically, after FIRST_STAY_AFTER (then
 RETRY_EVERY) activations in a row it stays asleep once, so the static prediction is measured too. It never
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies.adaptive_model import cycle_idle_s, moving_mean_var, standard_error
 from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
 
 SWITCH_COST_EWMA = 0.5
@@ -68,6 +75,10 @@ trainer would idle at once), enough for one micro-step, enough for two or more. 
 differently at each: lending the GPUs while the queue can already feed the trainer trades training time
 for a short window, whose aborted work then loads the standalones (on an engine whose decode step grows
 with the batch that costs more than the model sees, on a flat one nothing)."""
+UNCERTAINTY_Z = 1.0
+"""Standard errors of the two measured corrections by which the corrected gain must beat the minimum gain:
+cycles whose idle strays far from the average (a latency-bound trainer waiting for a version's slowest
+sample) make a small corrected gain noise, not a reason to switch."""
 RETRY_EVERY = 16
 """When only the measured error keeps the hybrids asleep, activate once per this many cycles anyway, so
 an error measured in other conditions (the workload drifts) is measured again. The same holds the other
@@ -76,21 +87,6 @@ against is measured too."""
 FIRST_STAY_AFTER = 4
 """Activations in a row after which the first cycle stays asleep to measure the static cycle, while no
 static cycle has been measured (a static prediction never checked can keep a useless switch going)."""
-
-
-def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float) -> float:
-    """Trainer seconds spent waiting over `micro_steps` micro-steps, starting with `queued` samples and
-    producing `rate` samples/s throughout (fluid model)."""
-    idle = 0.0
-    for _ in range(micro_steps):
-        if queued < required:
-            if rate <= 0:
-                return float("inf")
-            wait = (required - queued) / rate
-            idle += wait
-            queued = required
-        queued += rate * train_s - required
-    return idle
 
 
 @register_policy("adaptive")
@@ -117,11 +113,16 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.predicted_activate = False
         self.cycle_activate_s = 0.0
         """The measured activation of the cycle in progress (known at its sync's update_after_step)."""
-        self.idle_bias_s = {"stay": 0.0, "activate": 0.0}
-        """Per decision kind: moving average of (measured - predicted) trainer idle over its cycles."""
         self.idle_bias_cycles = {"stay": 0, "activate": 0}
+        """Per decision kind: cycles whose idle was measured against the prediction."""
         self.idle_bias_by_level: dict[str, float] = {}
-        """The same moving averages per queue level, keyed "kind@level" (a level measured at least once)."""
+        """Per decision kind and queue level, keyed "kind@level" (a level measured at least once): moving
+        average of (measured - predicted) trainer idle over its cycles."""
+        self.idle_error_var_by_level: dict[str, float] = {}
+        """Per "kind@level": moving variance of the same errors (how far one cycle strays from the mean)."""
+        self.static_first_fill = [0.0, 0.0]
+        """[moving average, cycles]: samples/s the first micro-step's wait saw in cycles kept asleep (the
+        queue filling right after the sync with the standalones alone: the hybrid window's counterpart)."""
         self.predicted_level = 0
         """The queue level (`_queue_level`) the last decision was taken at."""
         self.stays_by_bias = 0
@@ -175,8 +176,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                          "micro-step",
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
-        static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
-                                   required=ctx.required_samples,
+        static_rate = self._static_rate(ctx)
+        static_idle = cycle_idle_s(queued=max(0, surplus), rate=static_rate,
+                                   first_rate=self.static_first_fill[0], required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
         wait, dynamic_idle = self._best_wait(ctx)
@@ -188,7 +190,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         corrected_gain = (static_idle + bias["stay"]) - (dynamic_idle + bias["activate"])
         # No window (the queue already holds X): a switch then only raises the samples in flight for a
         # moment (they finish on the standalones), which the rollouter's concurrency limit is for.
-        activate = corrected_gain > min_gain_s and wait > surplus
+        margin_s = self._bias_uncertainty_s(level)
+        activate = corrected_gain > min_gain_s + margin_s and wait > surplus
         why = "corrected gain vs min gain, and a window to fill (X > queued)"
         if not activate and static_idle - dynamic_idle > min_gain_s:
             self.stays_by_bias += 1
@@ -210,8 +213,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "decision": "activate" if activate else "stay", "queued": surplus, "why": why,
             "queue_level": level,
             "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
-            "corrected_gain_s": round(corrected_gain, 3),
+            "corrected_gain_s": round(corrected_gain, 3), "uncertainty_s": round(margin_s, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
+            "static_samples_per_s": round(static_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "fill_samples_per_s": round(self._fill_rate(ctx), 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
@@ -272,22 +276,43 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         the hybrids lent, deactivation, offload/onload, the collections' waits) minus the prediction."""
         if self.predicted_idle_s < 0:
             return
+        if not self.predicted_activate:
+            self._credit_static_first_fill(ctx)
         measured = (self.cycle_activate_s + ctx.last_deactivate_wait_s + ctx.last_deactivate_duration_s
                     + ctx.last_switch_overhead_s + sum(ctx.step_wait_times))
         kind = "activate" if self.predicted_activate else "stay"
         error = measured - self.predicted_idle_s
         self.idle_bias_cycles[kind] += 1
-        first = self.idle_bias_cycles[kind] == 1
-        self.idle_bias_s[kind] = error if first else _moving(self.idle_bias_s[kind], error)
         key = f"{kind}@{self.predicted_level}"
         level_bias = self.idle_bias_by_level.get(key)
-        self.idle_bias_by_level[key] = error if level_bias is None else _moving(level_bias, error)
+        if level_bias is None:
+            self.idle_bias_by_level[key], self.idle_error_var_by_level[key] = error, 0.0
+        else:
+            variance = self.idle_error_var_by_level.get(key, 0.0)
+            self.idle_bias_by_level[key], self.idle_error_var_by_level[key] = moving_mean_var(
+                level_bias, variance, error, weight=BIAS_EWMA)
         self.predicted_idle_s = -1.0
+
+    def _credit_static_first_fill(self, ctx: DynamicScheduleContext) -> None:
+        """A cycle kept asleep: the rate its first micro-step's wait saw, into `static_first_fill`."""
+        if not ctx.step_wait_samples or ctx.step_wait_samples[0] <= 0 or ctx.step_wait_times[0] <= 0:
+            return
+        rate = ctx.step_wait_samples[0] / ctx.step_wait_times[0]
+        average, cycles = self.static_first_fill
+        self.static_first_fill = [rate if cycles == 0 else average + BIAS_EWMA * (rate - average), cycles + 1]
+
+    def _bias_uncertainty_s(self, level: int) -> float:
+        """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured)."""
+        variance = sum(self.idle_error_var_by_level.get(f"{kind}@{level}", 0.0)
+                       for kind in ("stay", "activate"))
+        return UNCERTAINTY_Z * standard_error(variance, weight=BIAS_EWMA)
 
     def _idle_bias(self, kind: str, level: int) -> float:
         """The model's measured error for a decision of `kind` at queue `level`: that level's moving
-        average, or the kind's over every level while that level has not been measured."""
-        return self.idle_bias_by_level.get(f"{kind}@{level}", self.idle_bias_s[kind])
+        average, or 0 (the uncorrected model) while that level has not been measured. An error does not
+        carry over to another level: a stay right after a switch (a full queue, the rollouter held at its
+        staleness limit) idles more than the model says, a stay at an empty queue less."""
+        return self.idle_bias_by_level.get(f"{kind}@{level}", 0.0)
 
     # ---- the model (pure helpers) ----
 
@@ -304,6 +329,13 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         before a cycle closed, the standalones' window rate."""
         per_replica = ctx.samples_per_replica_s or ctx.standalone_samples_per_replica_s
         return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_hybrid_replicas
+
+    def _static_rate(self, ctx: DynamicScheduleContext) -> float:
+        """Samples/s a cycle kept asleep produces: measured over such cycles (the pooled rate undercounts
+        it where the staleness limit, not the replicas, caps production); before one closed, P_s."""
+        if ctx.static_samples_per_replica_s > 0:
+            return ctx.static_samples_per_replica_s * ctx.num_standalone_replicas
+        return self._rates(ctx)[0]
 
     @staticmethod
     def _fill_rate(ctx: DynamicScheduleContext) -> float:
@@ -352,11 +384,6 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 def _queue_level(ctx: DynamicScheduleContext) -> int:
     """How many micro-steps the queue at the sync can feed, capped at QUEUE_LEVELS - 1."""
     return min(QUEUE_LEVELS - 1, max(0, ctx.queued_samples) // ctx.required_samples)
-
-
-def _moving(average: float, value: float) -> float:
-    """The model-error moving average (weight BIAS_EWMA on the newest cycle)."""
-    return average + BIAS_EWMA * (value - average)
 
 
 def _ewma(average: float, value: float) -> float:

@@ -8,6 +8,7 @@ import pytest
 
 from core.measure import RateMeter
 from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
+from policies.adaptive_model import moving_mean_var, standard_error
 from policies.adaptive_policy import FIRST_STAY_AFTER, RETRY_EVERY, cycle_idle_s
 
 
@@ -56,6 +57,22 @@ def production_bound(**overrides: float) -> DynamicScheduleContext:
 
 def test_a_queue_that_outpaces_the_trainer_predicts_no_idle():
     assert cycle_idle_s(queued=16, rate=3.0, required=16, micro_steps=4, train_s=6.0) == 0.0
+
+
+def test_the_first_wait_can_have_its_own_rate_and_the_later_ones_keep_the_cycle_rate():
+    idle = cycle_idle_s(queued=0, rate=1.0, required=16, micro_steps=2, train_s=6.0, first_rate=4.0)
+    assert idle == pytest.approx(16 / 4.0 + (16 - 6.0) / 1.0)
+
+
+def test_the_moving_variance_of_a_constant_is_zero_and_of_an_alternation_is_positive():
+    mean, variance = 5.0, 0.0
+    for _ in range(10):
+        mean, variance = moving_mean_var(mean, variance, 5.0, weight=0.3)
+    assert (mean, variance) == (5.0, 0.0)
+    for value in [0.0, 10.0] * 10:
+        mean, variance = moving_mean_var(mean, variance, value, weight=0.3)
+    assert 15.0 < variance < 35.0  # about 25 (5 either side of the mean)
+    assert standard_error(variance, weight=0.3) < variance ** 0.5
 
 
 def test_an_empty_queue_waits_for_the_first_micro_step_at_the_production_rate():
@@ -207,6 +224,18 @@ def test_the_meter_counts_no_serving_time_while_the_standalones_sync():
     assert meter.standalone_samples_per_replica_s == pytest.approx(1.0)
 
 
+def test_the_meter_measures_the_static_rate_only_over_cycles_in_which_no_hybrid_served():
+    meter = RateMeter(num_standalone=2, num_hybrid=2)
+    meter.read_progress(0.0, 0, cycle_end=True)
+    meter.read_progress(10.0, 20, cycle_end=True)  # asleep: 20 samples in 2 x 10 replica-seconds
+    meter.set_serving(10.0, hybrids=2)
+    meter.read_progress(15.0, 25)  # a hybrid window that added little (the staleness limit capped it)
+    meter.set_serving(15.0, hybrids=0)
+    meter.read_progress(20.0, 30, cycle_end=True)
+    assert meter.static_samples_per_replica_s == pytest.approx(1.0)
+    assert meter.samples_per_replica_s < 1.0  # the pooled rate is diluted by the lent replica-seconds
+
+
 def test_the_meter_averages_trainer_micro_steps_and_ignores_negative_durations():
     meter = RateMeter(num_standalone=1, num_hybrid=1)
     meter.record_micro_step(6.0)
@@ -267,7 +296,7 @@ def test_a_switch_that_measured_as_predicted_changes_nothing():
 
 def test_kept_asleep_only_by_the_measured_error_it_activates_once_in_a_while_to_measure_again():
     policy = make_adaptive()
-    policy.idle_bias_s["activate"] = 1000.0
+    policy.idle_bias_by_level["activate@0"] = 1000.0  # production_bound's queue (10) is level 0
     decisions = []
     for step in range(1, 40):
         decisions.append(policy.should_activate_after_step(4 * step, False, production_bound()))
@@ -307,7 +336,7 @@ def test_a_static_cycle_measured_far_better_than_predicted_stops_useless_activat
 
 def test_a_queue_that_already_holds_the_planned_wait_never_activates_whatever_the_measured_error():
     policy = make_adaptive()
-    policy.idle_bias_s["stay"] = 1000.0  # static cycles measured far worse than predicted
+    policy.idle_bias_by_level["stay@2"] = 1000.0  # static cycles measured far worse than predicted
     ctx = production_bound(surplus=40)
     assert policy.should_activate_after_step(8, False, ctx) is False
     assert policy.last_decision["wait_for_samples"] <= 40
@@ -349,3 +378,52 @@ def test_a_switch_that_measured_far_worse_at_one_queue_level_keeps_only_that_lev
     assert policy.should_activate_after_step(20, False, level_0) is True  # level 0 measured fine
     assert policy.last_decision["queue_level"] == 0
     assert policy.last_decision["idle_bias_s"]["activate"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_stay_measured_far_worse_at_a_full_queue_does_not_correct_a_stay_at_an_empty_one():
+    policy = make_adaptive()
+    full = production_bound(surplus=40)  # level 2: the queue feeds two micro-steps
+    assert policy.should_activate_after_step(8, False, full) is False
+    after_full = production_bound()  # level 0 next
+    after_full.step_wait_times = [policy.predicted_idle_s + 60.0]  # the stay idled 60 s more than predicted
+    policy.should_activate_after_step(12, False, after_full)
+    assert policy.idle_bias_by_level["stay@2"] == pytest.approx(60.0)
+    assert policy.last_decision["queue_level"] == 0
+    assert policy.last_decision["idle_bias_s"]["stay"] == 0.0  # level 0 not measured: the model as it is
+
+
+
+def test_the_static_prediction_uses_the_rate_measured_over_cycles_kept_asleep():
+    ctx = production_bound()
+    ctx.static_samples_per_replica_s = 2.0
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, ctx)
+    assert policy.last_decision["static_samples_per_s"] == pytest.approx(4.0)  # 2 per replica x 2 standalones
+    assert policy.last_decision["standalone_samples_per_s"] == pytest.approx(1.5)  # the pooled 0.75 x 2
+
+
+def test_a_cycle_kept_asleep_measures_the_rate_of_its_first_wait_for_the_static_prediction():
+    policy = make_adaptive()
+    full = production_bound(surplus=40)
+    assert policy.should_activate_after_step(8, False, full) is False
+    measured = production_bound()
+    measured.step_wait_samples, measured.step_wait_times = [16, 0, 0, 0], [2.0, 0.0, 0.0, 0.0]
+    policy.should_activate_after_step(12, False, measured)
+    assert policy.static_first_fill == [8.0, 1]  # 16 samples in 2 s
+    assert policy.last_decision["static_idle_s"] == pytest.approx(
+        cycle_idle_s(queued=10, rate=1.5, required=16, micro_steps=4, train_s=6.0, first_rate=8.0))
+
+
+def test_errors_that_stray_far_from_their_mean_keep_a_small_corrected_gain_from_switching():
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, production_bound())
+    gain = policy.last_decision["corrected_gain_s"]
+    assert gain > policy.last_decision["min_gain_s"]  # uncorrected and unmeasured: activate
+    steady, noisy = make_adaptive(), make_adaptive()
+    for policy in (steady, noisy):
+        policy.idle_bias_by_level["stay@0"] = policy.idle_bias_by_level["activate@0"] = 0.0
+    steady.idle_error_var_by_level["activate@0"] = 0.0
+    noisy.idle_error_var_by_level["activate@0"] = (4 * gain) ** 2  # one cycle strays 4 gains from the mean
+    assert steady.should_activate_after_step(8, False, production_bound()) is True
+    assert noisy.should_activate_after_step(8, False, production_bound()) is False
+    assert noisy.last_decision["uncertainty_s"] > gain
