@@ -57,12 +57,10 @@ class RateMeter:
         self._standalone = _Decayed()
         self._hybrid_extra = _Decayed()
         self._cycle = _Decayed()
-        self._static_cycle = _Decayed()
         self._fill = _Decayed()
         self.last_hybrid_window_samples_per_s = 0.0
         """The latest hybrid window's own fill rate (0 until one closed)."""
         self._cycle_rs = 0.0
-        self._cycle_hybrid_rs = 0.0
         self._cycle_generated: int | None = None
         self.trainer_s_per_micro_step = 0.0
 
@@ -84,14 +82,10 @@ class RateMeter:
         `cycle_end` (the reading at a sync) also closes the sync cycle's window."""
         self._close_segment(now_s)
         self._cycle_rs += self._standalone_rs + self._hybrid_rs
-        self._cycle_hybrid_rs += self._hybrid_rs
         if cycle_end:
             if self._cycle_generated is not None and self._cycle_rs > 0:
-                produced = max(0, total_generated - self._cycle_generated)
-                self._cycle.add(produced, self._cycle_rs)
-                if self._cycle_hybrid_rs == 0:
-                    self._static_cycle.add(produced, self._cycle_rs)
-            self._cycle_generated, self._cycle_rs, self._cycle_hybrid_rs = total_generated, 0.0, 0.0
+                self._cycle.add(max(0, total_generated - self._cycle_generated), self._cycle_rs)
+            self._cycle_generated, self._cycle_rs = total_generated, 0.0
         if self._last_generated is not None:
             produced = max(0, total_generated - self._last_generated)
             if self._hybrid_rs > 0:
@@ -132,14 +126,6 @@ class RateMeter:
         left unfinished at its deactivation completes on a standalone within the cycle, so this counts
         it, where the per-window rates do not."""
         return self._cycle.value
-
-    @property
-    def static_samples_per_replica_s(self) -> float:
-        """Samples per standalone replica-second over whole sync cycles in which no hybrid served: what
-        a cycle kept asleep produces (0 until one closed). The pooled rate is not that: where the
-        rollouter's staleness limit, not its replicas, caps a version's samples, every hybrid
-        replica-second lent dilutes the pooled rate while adding nothing."""
-        return self._static_cycle.value
 
     @property
     def hybrid_samples_per_replica_s(self) -> float:

@@ -20,10 +20,9 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   hybrid's work finished on a standalone after the deactivation); the queue fills during the
   window at the rate measured in the hybrid windows (slower: a window is short against a sample's
   latency), and what the pooled rate produced beyond it is credited after the switch. The static
-  prediction uses what cycles kept asleep measured instead: their rate per standalone replica-second
-  (the pooled rate is diluted by every lent replica-second where the rollouter's staleness limit, not
-  its replicas, caps a version's samples) and, for the wait before the first micro-step, the rate
-  that wait saw (right after the sync, the hybrid window's counterpart).
+  prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
+  the queue filling right after the sync with the standalones alone, the hybrid window's counterpart
+  (samples in flight at the sync finish at their own pace, not at the cycle's average rate).
 - Activate iff static_idle - min_X dynamic_idle(X), corrected by the measured errors below, beats
   MIN_GAIN_FRACTION x the cycle's training time plus UNCERTAINTY_Z standard errors of those
   corrections, and deactivate at that X.
@@ -176,8 +175,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                          "micro-step",
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
-        static_rate = self._static_rate(ctx)
-        static_idle = cycle_idle_s(queued=max(0, surplus), rate=static_rate,
+        level = _queue_level(ctx)
+        static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
                                    first_rate=self.static_first_fill[0], required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
@@ -185,7 +184,6 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
         # The model corrected by its own measured error at this queue level: a switch that measured worse
         # than predicted (or static cycles that idled more than predicted) moves the comparison by that much.
-        level = _queue_level(ctx)
         bias = {kind: self._idle_bias(kind, level) for kind in ("stay", "activate")}
         corrected_gain = (static_idle + bias["stay"]) - (dynamic_idle + bias["activate"])
         # No window (the queue already holds X): a switch then only raises the samples in flight for a
@@ -215,7 +213,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
             "corrected_gain_s": round(corrected_gain, 3), "uncertainty_s": round(margin_s, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
-            "static_samples_per_s": round(static_rate, 4),
+            "first_wait_samples_per_s": round(self.static_first_fill[0], 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "fill_samples_per_s": round(self._fill_rate(ctx), 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
@@ -297,9 +295,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """A cycle kept asleep: the rate its first micro-step's wait saw, into `static_first_fill`."""
         if not ctx.step_wait_samples or ctx.step_wait_samples[0] <= 0 or ctx.step_wait_times[0] <= 0:
             return
-        rate = ctx.step_wait_samples[0] / ctx.step_wait_times[0]
         average, cycles = self.static_first_fill
-        self.static_first_fill = [rate if cycles == 0 else average + BIAS_EWMA * (rate - average), cycles + 1]
+        rate = _moving(average if cycles else None, ctx.step_wait_samples[0] / ctx.step_wait_times[0])
+        self.static_first_fill = [rate, cycles + 1]
 
     def _bias_uncertainty_s(self, level: int) -> float:
         """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured)."""
@@ -329,13 +327,6 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         before a cycle closed, the standalones' window rate."""
         per_replica = ctx.samples_per_replica_s or ctx.standalone_samples_per_replica_s
         return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_hybrid_replicas
-
-    def _static_rate(self, ctx: DynamicScheduleContext) -> float:
-        """Samples/s a cycle kept asleep produces: measured over such cycles (the pooled rate undercounts
-        it where the staleness limit, not the replicas, caps production); before one closed, P_s."""
-        if ctx.static_samples_per_replica_s > 0:
-            return ctx.static_samples_per_replica_s * ctx.num_standalone_replicas
-        return self._rates(ctx)[0]
 
     @staticmethod
     def _fill_rate(ctx: DynamicScheduleContext) -> float:
@@ -388,3 +379,8 @@ def _queue_level(ctx: DynamicScheduleContext) -> int:
 
 def _ewma(average: float, value: float) -> float:
     return value if average < 0 else average + SWITCH_COST_EWMA * (value - average)
+
+
+def _moving(average: float | None, value: float) -> float:
+    """A moving average with weight BIAS_EWMA on the newest cycle (the first value when None)."""
+    return value if average is None else average + BIAS_EWMA * (value - average)

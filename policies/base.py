@@ -97,9 +97,6 @@ class DynamicScheduleContext:
     """Samples enqueued per serving replica-second over whole sync cycles, standalones and hybrids pooled
     (measured, decayed; refreshed at each sync): it credits hybrid work finished on a standalone after
     the hybrid's deactivation, which the two per-window rates above cannot."""
-    static_samples_per_replica_s: float = 0.0
-    """Samples enqueued per standalone-replica-second over whole sync cycles in which no hybrid served
-    (measured, decayed; refreshed at each sync; 0 = no such cycle yet): what a cycle kept asleep yields."""
     hybrid_window_samples_per_s: float = 0.0
     """Samples enqueued per second of hybrid serving, all replicas included: how fast the queue filled
     while the trainer waited with its GPUs lent (measured over the hybrid windows, decayed; 0 = none)."""

@@ -224,18 +224,6 @@ def test_the_meter_counts_no_serving_time_while_the_standalones_sync():
     assert meter.standalone_samples_per_replica_s == pytest.approx(1.0)
 
 
-def test_the_meter_measures_the_static_rate_only_over_cycles_in_which_no_hybrid_served():
-    meter = RateMeter(num_standalone=2, num_hybrid=2)
-    meter.read_progress(0.0, 0, cycle_end=True)
-    meter.read_progress(10.0, 20, cycle_end=True)  # asleep: 20 samples in 2 x 10 replica-seconds
-    meter.set_serving(10.0, hybrids=2)
-    meter.read_progress(15.0, 25)  # a hybrid window that added little (the staleness limit capped it)
-    meter.set_serving(15.0, hybrids=0)
-    meter.read_progress(20.0, 30, cycle_end=True)
-    assert meter.static_samples_per_replica_s == pytest.approx(1.0)
-    assert meter.samples_per_replica_s < 1.0  # the pooled rate is diluted by the lent replica-seconds
-
-
 def test_the_meter_averages_trainer_micro_steps_and_ignores_negative_durations():
     meter = RateMeter(num_standalone=1, num_hybrid=1)
     meter.record_micro_step(6.0)
@@ -393,15 +381,6 @@ def test_a_stay_measured_far_worse_at_a_full_queue_does_not_correct_a_stay_at_an
 
 
 
-def test_the_static_prediction_uses_the_rate_measured_over_cycles_kept_asleep():
-    ctx = production_bound()
-    ctx.static_samples_per_replica_s = 2.0
-    policy = make_adaptive()
-    policy.should_activate_after_step(8, False, ctx)
-    assert policy.last_decision["static_samples_per_s"] == pytest.approx(4.0)  # 2 per replica x 2 standalones
-    assert policy.last_decision["standalone_samples_per_s"] == pytest.approx(1.5)  # the pooled 0.75 x 2
-
-
 def test_a_cycle_kept_asleep_measures_the_rate_of_its_first_wait_for_the_static_prediction():
     policy = make_adaptive()
     full = production_bound(surplus=40)
@@ -410,6 +389,7 @@ def test_a_cycle_kept_asleep_measures_the_rate_of_its_first_wait_for_the_static_
     measured.step_wait_samples, measured.step_wait_times = [16, 0, 0, 0], [2.0, 0.0, 0.0, 0.0]
     policy.should_activate_after_step(12, False, measured)
     assert policy.static_first_fill == [8.0, 1]  # 16 samples in 2 s
+    assert policy.last_decision["first_wait_samples_per_s"] == 8.0
     assert policy.last_decision["static_idle_s"] == pytest.approx(
         cycle_idle_s(queued=10, rate=1.5, required=16, micro_steps=4, train_s=6.0, first_rate=8.0))
 
