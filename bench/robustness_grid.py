@@ -3,16 +3,19 @@
 Where it sits: a planner bench over `sim.run.simulate`, next to `bench/policy_sweep.py` (which runs the
 shipped scenarios). This one varies one config along axes the shipped scenarios do not cover
 densely, and prints the policy's wall time against static on the same split for every point, then
-the worst. Robustness target: never more than 1% slower than static. Two grids (`--grid`):
+the worst. Robustness target: never more than 1% slower than static. Three grids (`--grid`):
 
 - `workload` (default): the trainer's seconds per sample (from production-bound to consumption-bound),
   the staleness threshold and the trigger;
 - `switch_costs`: the switch mechanics' costs (hybrid wake = sleep, the trainer's offload, the weight sync:
-  a large model's switches take tens of seconds) at three trainer speeds.
+  a large model's switches take tens of seconds) at three trainer speeds;
+- `trigger`: the flow-control settings alone (staleness 0 / 0.25 / 0.5 / 1 x trigger 1 / 2 / 4 / 8), the
+  config's own trainer: a small trigger makes every cycle short against the switch and the latency.
 
-Run: ``python -m bench.robustness_grid [--grid workload|switch_costs]
-[--config configs/sim_16_16_adaptive.yaml] [--policy adaptive] [--prompts 1280] [--out FILE]`` (each
-grid is 36 points x 2 runs, ~1 minute on a quiet machine).
+Run: ``python -m bench.robustness_grid [--grid workload|switch_costs|trigger]
+[--config configs/sim_16_16_adaptive.yaml ...] [--policy adaptive] [--prompts 1280] [--out FILE]``
+(`--config` repeats; a scenario file works too; each grid is 16-36 points x 2 runs, ~1 minute per config
+on a quiet machine).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ WAKE_SLEEP_S = (1.0, 10.0, 30.0)
 OFFLOAD_S = (0.0, 15.0)
 WEIGHT_SYNC_S = (2.0, 20.0)
 SWITCH_TRAINER_S_PER_SAMPLE = (13.0, 26.0, 60.0)
+FLOW_STALENESS = (0.0, 0.25, 0.5, 1.0)
+FLOW_TRIGGER = (1, 2, 4, 8)
 
 
 def grid(name: str) -> list[dict[str, Any]]:
@@ -44,6 +49,10 @@ def grid(name: str) -> list[dict[str, Any]]:
                  "trainer.time_per_sample_s": per_sample}
                 for wake_sleep, offload, sync, per_sample in itertools.product(
                     WAKE_SLEEP_S, OFFLOAD_S, WEIGHT_SYNC_S, SWITCH_TRAINER_S_PER_SAMPLE)]
+    if name == "trigger":
+        return [{"async_training.staleness_threshold": staleness,
+                 "async_training.trigger_parameter_sync_step": trigger}
+                for staleness, trigger in itertools.product(FLOW_STALENESS, FLOW_TRIGGER)]
     return [{"trainer.time_per_sample_s": per_sample, "async_training.staleness_threshold": staleness,
              "async_training.trigger_parameter_sync_step": trigger}
             for per_sample, staleness, trigger in itertools.product(TRAINER_S_PER_SAMPLE, STALENESS, TRIGGER)]
@@ -60,25 +69,38 @@ def point(config: Path, policy: str, prompts: int, changes: dict[str, Any]) -> d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--grid", choices=("workload", "switch_costs"), default="workload")
-    parser.add_argument("--config", type=Path, default=PROJECT_ROOT / "configs" / "sim_16_16_adaptive.yaml")
+    parser.add_argument("--grid", choices=("workload", "switch_costs", "trigger"), default="workload")
+    parser.add_argument("--config", type=Path, action="append", default=None,
+                        help="a run config or scenario (repeat it; default the live adaptive config)")
     parser.add_argument("--policy", default="adaptive")
     parser.add_argument("--prompts", type=int, default=1280)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    configs = args.config or [PROJECT_ROOT / "configs" / "sim_16_16_adaptive.yaml"]
     rows = []
-    for changes in grid(args.grid):
-        row = point(args.config, args.policy, args.prompts, changes)
-        rows.append(row)
-        where = "  ".join(f"{key.rsplit('.', 1)[-1]} {value:g}" for key, value in changes.items())
-        print(f"{where}:  static {row['static_s']:9.1f} s  {args.policy} {row['policy_s']:9.1f} s  "
-              f"{100 * row['vs_static']:+6.1f}%  ({row['activations']} activations)", flush=True)
-    worst = max(rows, key=lambda r: r["vs_static"])
-    print(f"worst: {100 * worst['vs_static']:+.1f}% at "
-          + ", ".join(f"{k}={v}" for k, v in worst.items() if "." in k))
-    write_result(args.out, {"config": str(args.config), "grid": args.grid, "policy": args.policy,
+    for config in configs:
+        for changes in grid(args.grid):
+            row = {"config": str(config), **point(config, args.policy, args.prompts, changes)}
+            rows.append(row)
+            where = "  ".join(f"{key.rsplit('.', 1)[-1]} {value:g}" for key, value in changes.items())
+            print(f"{config.stem}  {where}:  static {row['static_s']:9.1f} s  {args.policy} "
+                  f"{row['policy_s']:9.1f} s  {100 * row['vs_static']:+6.1f}%  "
+                  f"({row['activations']} activations)", flush=True)
+    for config in configs:
+        print(summary_line(config, [row for row in rows if row["config"] == str(config)]))
+    write_result(args.out, {"configs": [str(c) for c in configs], "grid": args.grid, "policy": args.policy,
                             "prompts": args.prompts, "rows": rows})
     return 0
+
+
+def summary_line(config: Path, rows: list[dict[str, Any]]) -> str:
+    """One config's worst point, mean and count of points over the 1% target."""
+    worst = max(rows, key=lambda r: r["vs_static"])
+    mean = sum(r["vs_static"] for r in rows) / len(rows)
+    over = sum(1 for r in rows if r["vs_static"] > 0.01)
+    where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v:g}" for k, v in worst.items() if "." in k)
+    return (f"{config.stem}: worst {100 * worst['vs_static']:+.1f}% at {where}; mean {100 * mean:+.1f}%; "
+            f"{over} of {len(rows)} points over +1%")
 
 
 if __name__ == "__main__":

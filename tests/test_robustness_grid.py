@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.robustness_grid import grid, point
+from bench.robustness_grid import grid, point, summary_line
 from sim.scenario import load_scenario
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim_16_16_adaptive.yaml"
 
 
-@pytest.mark.parametrize("name", ["workload", "switch_costs"])
-def test_every_point_of_a_grid_is_a_valid_change_of_the_config(name: str) -> None:
+@pytest.mark.parametrize(("name", "size"), [("workload", 36), ("switch_costs", 36), ("trigger", 16)])
+def test_every_point_of_a_grid_is_a_valid_change_of_the_config(name: str, size: int) -> None:
     points = grid(name)
-    assert len(points) == 36 and len({tuple(sorted(p.items())) for p in points}) == 36
+    assert len(points) == size and len({tuple(sorted(p.items())) for p in points}) == size
     for changes in points:
         load_scenario(CONFIG).with_changes(changes)  # raises on an unknown key or a bad value
 
@@ -30,3 +30,10 @@ def test_a_switch_point_prices_the_switches_it_names() -> None:
 def test_a_point_compares_the_policy_with_static_on_the_same_workload() -> None:
     row = point(CONFIG, "static", 160, {"trainer.time_per_sample_s": 13.0})
     assert row["static_s"] == row["policy_s"] and row["vs_static"] == 0.0
+
+
+def test_the_summary_names_the_worst_point_and_counts_the_misses() -> None:
+    rows = [{"a.b": 1.0, "vs_static": 0.02}, {"a.b": 2.0, "vs_static": -0.1},
+            {"a.b": 3.0, "vs_static": 0.005}]
+    line = summary_line(Path("x.yaml"), rows)
+    assert line == "x: worst +2.0% at b=1; mean -2.5%; 1 of 3 points over +1%"
