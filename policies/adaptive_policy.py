@@ -120,8 +120,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.idle_error_var_by_level: dict[str, float] = {}
         """Per "kind@level": moving variance of the same errors (how far one cycle strays from the mean)."""
         self.static_first_fill = [0.0, 0.0]
-        """[moving average, cycles]: samples/s the first micro-step's wait saw in cycles kept asleep (the
-        queue filling right after the sync with the standalones alone: the hybrid window's counterpart)."""
+        """[samples, seconds], decayed sums over the first micro-step's waits in cycles kept asleep (the
+        queue filling right after the sync with the standalones alone: the hybrid window's counterpart);
+        their ratio is used once they hold a micro-step's worth of samples (`_first_fill_rate`)."""
         self.predicted_level = 0
         """The queue level (`_queue_level`) the last decision was taken at."""
         self.stays_by_bias = 0
@@ -177,7 +178,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return activate
         level = _queue_level(ctx)
         static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
-                                   first_rate=self.static_first_fill[0], required=ctx.required_samples,
+                                   first_rate=self._first_fill_rate(ctx), required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
         wait, dynamic_idle = self._best_wait(ctx)
@@ -213,7 +214,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
             "corrected_gain_s": round(corrected_gain, 3), "uncertainty_s": round(margin_s, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
-            "first_wait_samples_per_s": round(self.static_first_fill[0], 4),
+            "first_wait_samples_per_s": round(self._first_fill_rate(ctx), 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "fill_samples_per_s": round(self._fill_rate(ctx), 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
@@ -295,9 +296,15 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """A cycle kept asleep: the rate its first micro-step's wait saw, into `static_first_fill`."""
         if not ctx.step_wait_samples or ctx.step_wait_samples[0] <= 0 or ctx.step_wait_times[0] <= 0:
             return
-        average, cycles = self.static_first_fill
-        rate = _moving(average if cycles else None, ctx.step_wait_samples[0] / ctx.step_wait_times[0])
-        self.static_first_fill = [rate, cycles + 1]
+        samples, seconds = self.static_first_fill
+        self.static_first_fill = [(1 - BIAS_EWMA) * samples + ctx.step_wait_samples[0],
+                                  (1 - BIAS_EWMA) * seconds + ctx.step_wait_times[0]]
+
+    def _first_fill_rate(self, ctx: DynamicScheduleContext) -> float:
+        """Samples/s of the first waits measured in cycles kept asleep, pooled by samples (a wait for one
+        sample is mostly its collection); 0 (the cycle's rate is used) until they hold `required`."""
+        samples, seconds = self.static_first_fill
+        return samples / seconds if samples >= ctx.required_samples and seconds > 0 else 0.0
 
     def _bias_uncertainty_s(self, level: int) -> float:
         """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured)."""
@@ -380,7 +387,3 @@ def _queue_level(ctx: DynamicScheduleContext) -> int:
 def _ewma(average: float, value: float) -> float:
     return value if average < 0 else average + SWITCH_COST_EWMA * (value - average)
 
-
-def _moving(average: float | None, value: float) -> float:
-    """A moving average with weight BIAS_EWMA on the newest cycle (the first value when None)."""
-    return value if average is None else average + BIAS_EWMA * (value - average)

@@ -388,10 +388,19 @@ def test_a_cycle_kept_asleep_measures_the_rate_of_its_first_wait_for_the_static_
     measured = production_bound()
     measured.step_wait_samples, measured.step_wait_times = [16, 0, 0, 0], [2.0, 0.0, 0.0, 0.0]
     policy.should_activate_after_step(12, False, measured)
-    assert policy.static_first_fill == [8.0, 1]  # 16 samples in 2 s
+    assert policy.static_first_fill == [16.0, 2.0]  # 16 samples in 2 s
     assert policy.last_decision["first_wait_samples_per_s"] == 8.0
     assert policy.last_decision["static_idle_s"] == pytest.approx(
         cycle_idle_s(queued=10, rate=1.5, required=16, micro_steps=4, train_s=6.0, first_rate=8.0))
+
+
+def test_first_waits_for_a_few_samples_do_not_set_the_first_wait_rate_alone():
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(8, False, production_bound(surplus=40)) is False
+    one_sample = production_bound(surplus=15)
+    one_sample.step_wait_samples, one_sample.step_wait_times = [1, 0, 0, 0], [12.0, 0.0, 0.0, 0.0]
+    policy.should_activate_after_step(12, False, one_sample)  # mostly the collection, not production
+    assert policy.last_decision["first_wait_samples_per_s"] == 0.0  # not a micro-step's worth yet
 
 
 def test_errors_that_stray_far_from_their_mean_keep_a_small_corrected_gain_from_switching():
