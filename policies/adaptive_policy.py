@@ -177,8 +177,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
         level = _queue_level(ctx)
+        first_rate = self._first_fill_rate(ctx)
         static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
-                                   first_rate=self._first_fill_rate(ctx), required=ctx.required_samples,
+                                   first_rate=first_rate, required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
         wait, dynamic_idle = self._best_wait(ctx)
@@ -214,7 +215,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
             "corrected_gain_s": round(corrected_gain, 3), "uncertainty_s": round(margin_s, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
-            "first_wait_samples_per_s": round(self._first_fill_rate(ctx), 4),
+            "first_wait_samples_per_s": round(first_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "fill_samples_per_s": round(self._fill_rate(ctx), 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
@@ -386,4 +387,3 @@ def _queue_level(ctx: DynamicScheduleContext) -> int:
 
 def _ewma(average: float, value: float) -> float:
     return value if average < 0 else average + SWITCH_COST_EWMA * (value - average)
-

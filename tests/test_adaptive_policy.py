@@ -380,7 +380,6 @@ def test_a_stay_measured_far_worse_at_a_full_queue_does_not_correct_a_stay_at_an
     assert policy.last_decision["idle_bias_s"]["stay"] == 0.0  # level 0 not measured: the model as it is
 
 
-
 def test_a_cycle_kept_asleep_measures_the_rate_of_its_first_wait_for_the_static_prediction():
     policy = make_adaptive()
     full = production_bound(surplus=40)
