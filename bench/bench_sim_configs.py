@@ -9,6 +9,11 @@ samples, activations / deactivations, and the per-cycle means of
 
 Run: ``python -m bench.bench_sim_configs --out runs/bench_sim.json`` (each config
 takes a few minutes; `--timeout-s` bounds each run, `--config` picks others).
+``--time-scale S`` runs every config at another `run.time_scale` (wall seconds per modelled
+second): the services' own cost per command (Redis round trips, process scheduling: tens of
+wall ms on this 2-core machine) is fixed in wall seconds, so the smaller the scale the larger
+it is against the modelled wake, sleep and sync (docs/benchmarks.md). Wall times are reported
+in wall seconds, and also in modelled seconds (wall / scale) to compare scales.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench import write_result
+from bench.sim_to_live import rescaled
 from services.launcher import run_job
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -48,13 +56,38 @@ def metric_means(path: Path) -> dict[str, float | None]:
     return means
 
 
-def run_config(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, Any]:
+def startup_s(out_dir: Path, started_at: float | None) -> float | None:
+    """Wall seconds from the launch to the controller's first decision or command's start (processes
+    starting, imports, engines loading: the same work whatever the policy; the planner's t = 0)."""
+    path = out_dir / "audit.jsonl"
+    if started_at is None or not path.exists():
+        return None
+    for line in path.read_text().splitlines():
+        event = json.loads(line) if line.strip() else {}
+        if event.get("subject") == "controller" and event.get("kind") in ("decision", "command"):
+            began = float(event["t"]) - float(event.get("duration_s") or 0.0)  # a command's t is its end
+            return round(began - started_at, 3)
+    return None
+
+
+def run_config(config_path: Path, out_dir: Path, *, timeout_s: float,
+               time_scale: float | None = None) -> dict[str, Any]:
+    """One config end to end (at `time_scale` instead of its own, if given: a rescaled copy in `out_dir`)."""
     started = time.monotonic()
-    summary = run_job(config_path, out_dir, progress=False, timeout_s=timeout_s)
+    run_path = config_path
+    if time_scale is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        run_path = rescaled(config_path, out_dir, time_scale=time_scale)
+    summary = run_job(run_path, out_dir, progress=False, timeout_s=timeout_s)
     samples, switches = summary.get("samples", {}), summary.get("switches", {})
+    scale = float(yaml.safe_load(run_path.read_text()).get("run", {}).get("time_scale", 1.0))
+    wall_s = summary.get("wall_time_s")
     return {
         "config": str(config_path),
-        "wall_time_s": summary.get("wall_time_s"),
+        "time_scale": scale,
+        "wall_time_s": wall_s,
+        "modelled_s": None if wall_s is None else round(wall_s / scale, 1),
+        "startup_s": startup_s(out_dir, float(summary["started_at"]) if "started_at" in summary else None),
         "launcher_total_s": round(time.monotonic() - started, 3),
         "param_versions": summary.get("param_versions"),
         "replicas": summary.get("replicas"),
@@ -72,11 +105,13 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"{'config':22s} {'wall s':>7s} {'vers':>4s} {'trained':>7s} {'lost':>4s} {'drop':>4s} {'act':>4s} "
-          f"{'deact':>5s} {'mq_size':>7s} {'res_util':>8s} {'train_u':>7s} {'roll_u':>7s}")
+    print(f"{'config':22s} {'wall s':>7s} {'model s':>8s} {'start s':>7s} {'vers':>4s} {'trained':>7s} "
+          f"{'lost':>4s} {'drop':>4s} {'act':>4s} {'deact':>5s} {'mq_size':>7s} {'res_util':>8s} "
+          f"{'train_u':>7s} {'roll_u':>7s}")
     for row in rows:
         m, s = row["means"], row["samples"]
         print(f"{Path(row['config']).stem:22s} {fmt(row['wall_time_s'], '7.1f')} "
+              f"{fmt(row['modelled_s'], '8.1f')} {fmt(row['startup_s'], '7.1f')} "
               f"{fmt(row['param_versions'], '4d')} "
               f"{fmt(s.get('trained'), '7d')} {fmt(s.get('lost'), '4d')} {fmt(s.get('dropped'), '4d')} "
               f"{fmt(row['activations'], '4d')} {fmt(row['deactivations'], '5d')} "
@@ -93,9 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=PROJECT_ROOT / "runs" / "bench_sim",
                         help="each run's outputs go to RUNS_DIR/<config stem>")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per-config bound on the run")
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="run every config at this run.time_scale (default: each config's own)")
     args = parser.parse_args(argv)
     if args.timeout_s <= 0:
         raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
+    if args.time_scale is not None and args.time_scale <= 0:
+        raise ValueError(f"--time-scale must be > 0, got {args.time_scale}")
     configs = args.config or [PROJECT_ROOT / c for c in DEFAULT_CONFIGS]
     missing = [str(c) for c in configs if not Path(c).exists()]
     if missing:
@@ -106,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.runs_dir / Path(config_path).stem
         shutil.rmtree(out_dir, ignore_errors=True)  # only this bench's own earlier outputs
         print(f"running {config_path} -> {out_dir}", flush=True)
-        rows.append(run_config(Path(config_path), out_dir, timeout_s=args.timeout_s))
+        rows.append(run_config(Path(config_path), out_dir, timeout_s=args.timeout_s,
+                               time_scale=args.time_scale))
     result = {"cpus": os.cpu_count(), "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
               "runs": rows}
     print_table(rows)
