@@ -36,3 +36,21 @@ def standard_error(variance: float, *, weight: float) -> float:
     """Standard error of an exponentially weighted mean of values with `variance` (effective sample size
     (2 - weight) / weight)."""
     return (variance * weight / (2 - weight)) ** 0.5
+
+
+def clip_outlier(value: float, mean: float, variance: float, *, sigmas: float) -> float:
+    """`value` moved to within `sigmas` standard deviations of `mean` (unchanged while variance is 0)."""
+    if variance <= 0:
+        return value
+    bound = sigmas * variance ** 0.5
+    return min(mean + bound, max(mean - bound, value))
+
+
+def robust_moving_mean_var(mean: float, variance: float, value: float, *, weight: float,
+                           sigmas: float) -> tuple[float, float]:
+    """`moving_mean_var` whose mean takes an outlier clipped to `sigmas` standard deviations (one cycle
+    waiting for a very long response must not set the mean for many), and whose variance takes it whole."""
+    new_mean, _ = moving_mean_var(mean, variance, clip_outlier(value, mean, variance, sigmas=sigmas),
+                                  weight=weight)
+    _, new_variance = moving_mean_var(mean, variance, value, weight=weight)
+    return new_mean, new_variance

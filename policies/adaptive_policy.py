@@ -31,7 +31,8 @@ The model checks itself: at each sync the trainer idle the last cycle measured (
 the hybrids lent, deactivation, offload/onload, collection waits) is compared with what the decision
 predicted, and the moving average of the error (one per decision kind, stay or activate, and level of the
 queue at the sync: it cannot feed the first micro-step, it feeds one, it feeds more) corrects the next
-comparisons of that kind at that level. A level not measured yet is not corrected: an error does not carry
+comparisons of that kind at that level; a cycle straying past OUTLIER_SIGMAS standard deviations (a version
+waiting for one very long response) counts as that far, and its first wait is not pooled. A level not measured yet is not corrected: an error does not carry
 over from another level, where the rollouter's staleness limit and the samples in flight differ. A model whose
 switches measured worse than predicted falls back to static behaviour, and re-measures one switch every
 RETRY_EVERY cycles kept asleep only by that correction; symmetrically, after FIRST_STAY_AFTER (then
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.adaptive_model import cycle_idle_s, moving_mean_var, standard_error
+from policies.adaptive_model import clip_outlier, cycle_idle_s, robust_moving_mean_var, standard_error
 from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
 
 SWITCH_COST_EWMA = 0.5
@@ -78,6 +79,10 @@ UNCERTAINTY_Z = 1.0
 """Standard errors of the two measured corrections by which the corrected gain must beat the minimum gain:
 cycles whose idle strays far from the average (a latency-bound trainer waiting for a version's slowest
 sample) make a small corrected gain noise, not a reason to switch."""
+OUTLIER_SIGMAS = 3.0
+"""A cycle whose error strays more than this many standard deviations from its moving mean (a version
+waiting for one very long response) moves the mean as if it had strayed this far, and its first wait is
+not pooled into the static first-wait rate; the variance takes it whole (so the margin widens)."""
 RETRY_EVERY = 16
 """When only the measured error keeps the hybrids asleep, activate once per this many cycles anyway, so
 an error measured in other conditions (the workload drifts) is measured again. The same holds the other
@@ -276,8 +281,6 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         the hybrids lent, deactivation, offload/onload, the collections' waits) minus the prediction."""
         if self.predicted_idle_s < 0:
             return
-        if not self.predicted_activate:
-            self._credit_static_first_fill(ctx)
         measured = (self.cycle_activate_s + ctx.last_deactivate_wait_s + ctx.last_deactivate_duration_s
                     + ctx.last_switch_overhead_s + sum(ctx.step_wait_times))
         kind = "activate" if self.predicted_activate else "stay"
@@ -285,12 +288,16 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.idle_bias_cycles[kind] += 1
         key = f"{kind}@{self.predicted_level}"
         level_bias = self.idle_bias_by_level.get(key)
+        outlier = False
         if level_bias is None:
             self.idle_bias_by_level[key], self.idle_error_var_by_level[key] = error, 0.0
         else:
             variance = self.idle_error_var_by_level.get(key, 0.0)
-            self.idle_bias_by_level[key], self.idle_error_var_by_level[key] = moving_mean_var(
-                level_bias, variance, error, weight=BIAS_EWMA)
+            outlier = error != clip_outlier(error, level_bias, variance, sigmas=OUTLIER_SIGMAS)
+            self.idle_bias_by_level[key], self.idle_error_var_by_level[key] = robust_moving_mean_var(
+                level_bias, variance, error, weight=BIAS_EWMA, sigmas=OUTLIER_SIGMAS)
+        if not self.predicted_activate and not outlier:
+            self._credit_static_first_fill(ctx)
         self.predicted_idle_s = -1.0
 
     def _credit_static_first_fill(self, ctx: DynamicScheduleContext) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from core.measure import RateMeter
 from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
-from policies.adaptive_model import moving_mean_var, standard_error
+from policies.adaptive_model import moving_mean_var, robust_moving_mean_var, standard_error
 from policies.adaptive_policy import FIRST_STAY_AFTER, RETRY_EVERY, cycle_idle_s
 
 
@@ -73,6 +73,16 @@ def test_the_moving_variance_of_a_constant_is_zero_and_of_an_alternation_is_posi
         mean, variance = moving_mean_var(mean, variance, value, weight=0.3)
     assert 15.0 < variance < 35.0  # about 25 (5 either side of the mean)
     assert standard_error(variance, weight=0.3) < variance ** 0.5
+
+
+def test_an_outlier_moves_the_mean_only_to_its_clip_and_the_variance_by_all_of_it():
+    mean, variance = robust_moving_mean_var(0.0, 4.0, 100.0, weight=0.3, sigmas=3.0)  # clipped to 0 + 3 x 2
+    assert mean == pytest.approx(0.3 * 6.0)
+    assert variance == pytest.approx(moving_mean_var(0.0, 4.0, 100.0, weight=0.3)[1])
+    assert robust_moving_mean_var(0.0, 4.0, 5.0, weight=0.3, sigmas=3.0) == moving_mean_var(
+        0.0, 4.0, 5.0, weight=0.3)  # within the clip: the plain update
+    assert robust_moving_mean_var(0.0, 0.0, 100.0, weight=0.3, sigmas=3.0) == moving_mean_var(
+        0.0, 0.0, 100.0, weight=0.3)  # no spread measured yet: nothing to clip against
 
 
 def test_an_empty_queue_waits_for_the_first_micro_step_at_the_production_rate():
@@ -391,6 +401,19 @@ def test_a_cycle_kept_asleep_measures_the_rate_of_its_first_wait_for_the_static_
     assert policy.last_decision["first_wait_samples_per_s"] == 8.0
     assert policy.last_decision["static_idle_s"] == pytest.approx(
         cycle_idle_s(queued=10, rate=1.5, required=16, micro_steps=4, train_s=6.0, first_rate=8.0))
+
+
+def test_one_stay_that_idles_far_past_the_others_neither_sets_the_stay_correction_nor_the_first_wait_rate():
+    policy = make_adaptive()
+    policy.idle_bias_by_level["stay@2"], policy.idle_error_var_by_level["stay@2"] = 0.0, 4.0
+    assert policy.should_activate_after_step(8, False, production_bound(surplus=40)) is False
+    predicted = policy.predicted_idle_s
+    long_wait = production_bound()  # the version waited 100 s for one very long response
+    long_wait.step_wait_samples, long_wait.step_wait_times = [16, 0, 0, 0], [predicted + 100.0, 0.0, 0.0, 0.0]
+    policy.should_activate_after_step(12, False, long_wait)
+    assert policy.idle_bias_by_level["stay@2"] == pytest.approx(0.3 * 6.0)  # moved as if 3 sigma off
+    assert policy.idle_error_var_by_level["stay@2"] > 100.0  # the margin widens by all of it
+    assert policy.static_first_fill == [0.0, 0.0]  # its wait is not pooled
 
 
 def test_first_waits_for_a_few_samples_do_not_set_the_first_wait_rate_alone():
