@@ -32,12 +32,13 @@ the hybrids lent, deactivation, offload/onload, collection waits) is compared wi
 predicted, and the moving average of the error (one per decision kind, stay or activate, and level of the
 queue at the sync: it cannot feed the first micro-step, it feeds one, it feeds more) corrects the next
 comparisons of that kind at that level; a cycle straying past OUTLIER_SIGMAS standard deviations (a version
-waiting for one very long response) counts as that far, and its first wait is not pooled. A level not measured yet is not corrected: an error does not carry
-over from another level, where the rollouter's staleness limit and the samples in flight differ. A model whose
-switches measured worse than predicted falls back to static behaviour, and re-measures one switch every
-RETRY_EVERY cycles kept asleep only by that correction; symmetrically, after FIRST_STAY_AFTER (then
-RETRY_EVERY) activations in a row it stays asleep once, so the static prediction is measured too. It never
-activates when the queue already holds the planned X (no window to fill).
+waiting for one very long response) counts as that far, and its first wait is not pooled. A level not
+measured yet is not corrected: an error does not carry over from another level, where the rollouter's
+staleness limit and the samples in flight differ. A model whose switches measured worse than predicted
+falls back to static behaviour, and re-measures one switch every RETRY_EVERY cycles kept asleep only by
+that correction; symmetrically, after FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays
+asleep once, so the static prediction is measured too. It never activates when the queue already holds the
+planned X (no window to fill).
 
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
