@@ -31,6 +31,7 @@ import yaml
 from bench import write_result
 from bench.sim_to_live import rescaled
 from services.launcher import run_job
+from shared.vocab import AuditKind
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yaml",
@@ -64,7 +65,8 @@ def startup_s(out_dir: Path, started_at: float | None) -> float | None:
         return None
     for line in path.read_text().splitlines():
         event = json.loads(line) if line.strip() else {}
-        if event.get("subject") == "controller" and event.get("kind") in ("decision", "command"):
+        first_action = event.get("kind") in (AuditKind.DECISION, AuditKind.COMMAND)
+        if event.get("subject") == "controller" and first_action:
             began = float(event["t"]) - float(event.get("duration_s") or 0.0)  # a command's t is its end
             return round(began - started_at, 3)
     return None
