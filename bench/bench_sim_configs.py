@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench import write_result
 from bench.sim_to_live import rescaled
 from services.launcher import run_job
+from shared.config import load_config
 from shared.vocab import AuditKind
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +81,7 @@ def run_config(config_path: Path, out_dir: Path, *, timeout_s: float,
         run_path = rescaled(config_path, out_dir, time_scale=time_scale)
     summary = run_job(run_path, out_dir, progress=False, timeout_s=timeout_s)
     samples, switches = summary.get("samples", {}), summary.get("switches", {})
-    scale = float(yaml.safe_load(run_path.read_text()).get("run", {}).get("time_scale", 1.0))
+    scale = load_config(run_path).run.time_scale
     wall_s = summary.get("wall_time_s")
     return {
         "config": str(config_path),
