@@ -31,8 +31,9 @@ budget:
 system-deps:
 	@bash tools/system_deps.sh
 
+# --durations: the slowest tests in every run's log, to keep the suite under its 40-minute target.
 pytest: install system-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # compose.yaml's whole stack in docker, one short sim job to the end (also a test: tests/test_compose_smoke.py).
 compose-smoke:
