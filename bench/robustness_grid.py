@@ -13,7 +13,7 @@ the worst. Robustness target: never more than 1% slower than static. Three grids
   config's own trainer: a small trigger makes every cycle short against the switch and the latency.
 
 Run: ``python -m bench.robustness_grid [--grid workload|switch_costs|trigger]
-[--config configs/sim_16_16_adaptive.yaml ...] [--policy adaptive] [--prompts 1280] [--out FILE]``
+[--config configs/sim_16_16_adaptive.yaml ...] [--policy adaptive] [--prompts 1280|0] [--out FILE]``
 (`--config` repeats; a scenario file works too; each grid is 16-36 points x 2 runs, ~1 minute per config
 on a quiet machine).
 """
@@ -60,7 +60,8 @@ def grid(name: str) -> list[dict[str, Any]]:
 
 def point(config: Path, policy: str, prompts: int, changes: dict[str, Any]) -> dict[str, Any]:
     """Wall seconds of static and of `policy` on the config's split with `changes` applied."""
-    base = load_scenario(config).with_prompts(prompts).with_changes(changes)
+    base = load_scenario(config)
+    base = (base.with_prompts(prompts) if prompts else base).with_changes(changes)
     static_s = simulate(base.with_policy("static")).wall_s
     result = simulate(base.with_policy(policy))
     return {**changes, "static_s": static_s, "policy_s": result.wall_s, "activations": result.activations,
@@ -73,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, action="append", default=None,
                         help="a run config or scenario (repeat it; default the live adaptive config)")
     parser.add_argument("--policy", default="adaptive")
-    parser.add_argument("--prompts", type=int, default=1280)
+    parser.add_argument("--prompts", type=int, default=1280,
+                        help="total_rollout_steps of every point (0: each config's own, the run as it "
+                             "would be trained: a switch made once, such as the start-up activation, "
+                             "weighs less)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     configs = args.config or [PROJECT_ROOT / "configs" / "sim_16_16_adaptive.yaml"]

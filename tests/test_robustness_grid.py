@@ -32,6 +32,14 @@ def test_a_point_compares_the_policy_with_static_on_the_same_workload() -> None:
     assert row["static_s"] == row["policy_s"] and row["vs_static"] == 0.0
 
 
+def test_a_point_at_zero_prompts_runs_the_config_at_its_own_length() -> None:
+    own = load_scenario(CONFIG).config.data.total_rollout_steps
+    changes = {"trainer.time_per_sample_s": 13.0}
+    own_length_s = point(CONFIG, "static", 0, changes)["static_s"]
+    assert own_length_s == point(CONFIG, "static", own, changes)["static_s"]
+    assert own_length_s != point(CONFIG, "static", 160, changes)["static_s"]
+
+
 def test_the_summary_names_the_worst_point_and_counts_the_misses() -> None:
     rows = [{"a.b": 1.0, "vs_static": 0.02}, {"a.b": 2.0, "vs_static": -0.1},
             {"a.b": 3.0, "vs_static": 0.005}]
