@@ -1,5 +1,6 @@
-"""Poison entries in a running sim stack (real Redis): each is dead-lettered alone with the
-exception as its reason, nothing innocent is, and the run finishes with every fed sample trained."""
+"""Poison entries in a running sim stack (real Redis), on every stream a service reads with a consumer
+group: each is dead-lettered alone with the exception as its reason, nothing innocent is, and the run
+finishes with every fed sample trained."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from services.launcher import LOST
-from shared.names import AccountingField
+from shared.names import AccountingField, Names
 from tests.stack import Stack, sim_config
 
 pytestmark = pytest.mark.e2e
@@ -22,6 +23,15 @@ POISON: list[dict[str, Any]] = [
 ]
 
 
+def consumer_group_streams(names: Names) -> list[str]:
+    """Every stream a service reads with a consumer group: the MessageQueue, the request and result
+    paths, the command streams of every service, and the trainer's step-phase events and replies."""
+    return [names.mq, names.lb_requests, names.lb_results, names.lb_commands, names.rollouter_results,
+            names.rollouter_commands, names.trainer_events, names.trainer_replies, names.trainer_commands,
+            *(stream for replica in ("standalone_0", "hybrid_0")
+              for stream in (names.worker_requests(replica), names.worker_commands(replica)))]
+
+
 async def test_poison_entries_are_dead_lettered_alone_and_the_run_still_finishes(redis_server):
     stack = Stack(sim_config(), redis_server.url)
     await stack.start()
@@ -29,9 +39,8 @@ async def test_poison_entries_are_dead_lettered_alone_and_the_run_still_finishes
         redis = stack.buses[0].redis
         names = stack.names
         await asyncio.sleep(0.3)  # the services are reading now
-        poisoned = [await redis.xadd(names.mq, fields) for fields in POISON]
-        poisoned += [await redis.xadd(names.worker_commands("standalone_0"), fields) for fields in POISON]
-        poisoned += [await redis.xadd(names.lb_commands, fields) for fields in POISON]
+        poisoned = [await redis.xadd(stream, fields) for stream in consumer_group_streams(names)
+                    for fields in POISON]
         # controller:acks is read without a consumer group: skipped (logged), never fatal
         for fields in POISON:
             await redis.xadd(names.controller_acks, fields)
