@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from services.launcher import LOST
-from shared.names import AccountingField, Names
-from tests.stack import Stack, sim_config
+from shared.names import AccountingField
+from tests.stack import Stack, consumer_group_streams, sim_config
 
 pytestmark = pytest.mark.e2e
 
@@ -23,15 +23,6 @@ POISON: list[dict[str, Any]] = [
 ]
 
 
-def consumer_group_streams(names: Names) -> list[str]:
-    """Every stream a service reads with a consumer group: the MessageQueue, the request and result
-    paths, the command streams of every service, and the trainer's step-phase events and replies."""
-    return [names.mq, names.lb_requests, names.lb_results, names.lb_commands, names.rollouter_results,
-            names.rollouter_commands, names.trainer_events, names.trainer_replies, names.trainer_commands,
-            *(stream for replica in ("standalone_0", "hybrid_0")
-              for stream in (names.worker_requests(replica), names.worker_commands(replica)))]
-
-
 async def test_poison_entries_are_dead_lettered_alone_and_the_run_still_finishes(redis_server):
     stack = Stack(sim_config(), redis_server.url)
     await stack.start()
@@ -39,7 +30,8 @@ async def test_poison_entries_are_dead_lettered_alone_and_the_run_still_finishes
         redis = stack.buses[0].redis
         names = stack.names
         await asyncio.sleep(0.3)  # the services are reading now
-        poisoned = [await redis.xadd(stream, fields) for stream in consumer_group_streams(names)
+        poisoned = [await redis.xadd(stream, fields)
+                    for stream in consumer_group_streams(names, ("standalone_0", "hybrid_0"))
                     for fields in POISON]
         # controller:acks is read without a consumer group: skipped (logged), never fatal
         for fields in POISON:
