@@ -73,6 +73,12 @@ class ServiceCrashed(RuntimeError):
     """A service process kept exiting non-zero past its restart budget; the run was stopped."""
 
 
+class RedisStateLost(RuntimeError):
+    """Redis no longer holds the run state the launcher wrote at the start: it was restarted without
+    its append-only file, flushed, or evicted keys. The sample ledger cannot be trusted past that
+    point, so the run is stopped and marked failed instead of going on as a new run."""
+
+
 class NamespaceInUse(ValueError):
     """Keys already live under the run's namespace on the given Redis."""
 
@@ -129,6 +135,9 @@ class Job:
         self.exports: dict[str, StreamExport] | None = None
         """metrics.jsonl and audit.jsonl, appended at each `poll` (the streams are capped)."""
         self._started_s = time.monotonic()
+        self.run_id = ""
+        """`run_state.started_at` as this launcher wrote it; a poll that reads another value (or none)
+        raises RedisStateLost."""
 
     def __enter__(self) -> Job:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -140,8 +149,9 @@ class Job:
             claim_namespace(self.client, self.names, fresh=self.fresh)
             self._owns_namespace = True
             self.exports = run_exports(self.names, self.out_dir)
+            self.run_id = repr(time.time())
             self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.RUNNING,
-                                                            RunStateField.STARTED_AT: time.time()})
+                                                            RunStateField.STARTED_AT: self.run_id})
             shutil.copyfile(self.config_path, self.out_dir / "config.yaml")
             self._started_s = time.monotonic()
             for name in self.specs:
@@ -156,7 +166,8 @@ class Job:
             if exc is not None and self._owns_namespace:
                 self.stop()
                 redis_down = isinstance(exc, redis.ConnectionError | redis.TimeoutError)
-                self.write_failed_outputs(f"{type(exc).__name__}: {exc}", redis_down=redis_down)
+                self.write_failed_outputs(f"{type(exc).__name__}: {exc}", redis_down=redis_down,
+                                          state_lost=isinstance(exc, RedisStateLost))
         except Exception as write_exc:  # the original failure matters more than these outputs
             log.warning("could not write the outputs of the failed run: %s", write_exc)
         finally:
@@ -183,7 +194,9 @@ class Job:
             self.embedded.ensure_running()
         for export in (self.exports or {}).values():
             export.drain(self.redis)
-        state = self.read(self.names.run_state)
+        state = read_hash(self.redis, self.names.run_state)
+        self.check_state_kept(state)
+        self.known[self.names.run_state] = state
         status = RunStatus(state[RunStateField.STATUS]) if RunStateField.STATUS in state else None
         if status is RunStatus.FAILED:
             reason = state.get(RunStateField.REASON, "no reason given")
@@ -198,6 +211,19 @@ class Job:
         if not self._restart_at_s and all(proc.poll() is not None for proc in self.procs.values()):
             raise ServiceCrashed(f"every service exited before the run was done; logs in {self.log_dir}")
         return status
+
+    def check_state_kept(self, run_state: dict[str, str]) -> None:
+        """RedisStateLost unless `run_state` still holds the start this launcher wrote (the hashes last
+        read, in `known`, are then the run's record)."""
+        found = run_state.get(RunStateField.STARTED_AT)
+        if self.run_id and found != self.run_id:
+            steps = max(0, int(self.known.get(self.names.trainer_state, {}).get(
+                TrainerStateField.GLOBAL_STEPS, "1")) - 1)
+            raise RedisStateLost(
+                f"Redis lost this run's state (run_state.started_at is {found or 'gone'}, this run wrote "
+                f"{self.run_id}) after about {steps} micro-step(s): it restarted without its append-only "
+                f"file, was flushed, or evicted keys (use appendonly yes and maxmemory-policy noeviction); "
+                f"the samples before it cannot be accounted for, so the run stops here")
 
     def supervise(self) -> None:
         """Start again each child that exited non-zero, or was killed as hung, once its backoff has
@@ -271,13 +297,17 @@ class Job:
             self.client.hset(self.names.run_state, mapping={RunStateField.STATUS: RunStatus.FAILED,
                                                             RunStateField.REASON: reason[:2000]})
 
-    def write_failed_outputs(self, reason: str, *, redis_down: bool) -> None:
+    def write_failed_outputs(self, reason: str, *, redis_down: bool, state_lost: bool = False) -> None:
         """Mark the run failed and write its outputs; with Redis unreachable, summary.json alone, from
-        what the launcher last read (`redis_unreachable` says so)."""
+        what the launcher last read (`redis_unreachable` says so). With its state lost, the summary is
+        from what the launcher last read too (`redis_state_lost`), not from what Redis holds now."""
         if not redis_down:
             try:
                 self.fail(reason)
-                summary = self.summary(wall_time_s=self.elapsed_s, admin={})
+                summary = self.summary(wall_time_s=self.elapsed_s, admin={}, known=state_lost)
+                if state_lost:
+                    summary.update({RunStateField.STATUS: RunStatus.FAILED,
+                                    RunStateField.REASON: reason[:2000], "redis_state_lost": True})
                 write_outputs(self.redis, self.names, self.out_dir, summary, self.exports)
                 return
             except redis.RedisError as exc:

@@ -1,7 +1,8 @@
 """Redis outages (real redis-server, real service processes driven by the launcher): every Redis call
 retries for `run.redis_retry_window_s`. Redis SIGKILLed mid-run and started again on the same port
 from its append-only file: the run finishes, every fed sample trained exactly once (per sample id).
-Redis gone for longer than the window: the run fails with its outputs written, never a traceback."""
+Redis gone for longer than the window: the run fails with its outputs written, never a traceback.
+Redis back without the run's state (no AOF): the run fails too, rather than starting again."""
 
 from __future__ import annotations
 
@@ -99,6 +100,29 @@ def test_redis_gone_for_longer_than_the_retry_window_fails_the_run_with_its_outp
     assert "ConnectionError" in summary[RunStateField.REASON]
     assert summary["samples"][SampleState.TRAINED] >= 2 * 16, "the summary holds what the launcher knew"
     assert summary["micro_steps"] >= 2
+
+
+def test_redis_restarted_without_its_append_only_file_fails_the_run_instead_of_starting_it_again(
+        tmp_path: Path) -> None:
+    """A Redis that comes back empty (no AOF, a flush, evicted keys) holds none of the run: the services
+    would start it afresh and report every sample of the second start trained; the launcher stops it."""
+    server = RedisServer(workdir=tmp_path / "redis", appendonly=False)
+    server.start()
+    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
+    out = tmp_path / "run"
+    try:
+        with pytest.raises(launcher.RedisStateLost, match="append-only file"), \
+                launcher.Job(config_path=config, out_dir=out, redis_url=server.url) as job:
+            wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60,
+                     what="4 micro-steps")
+            server.restart()  # same port, nothing kept
+            run_to_the_end(job, timeout_s=60)
+    finally:
+        server.stop()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary["redis_state_lost"] is True
+    assert "RedisStateLost" in summary[RunStateField.REASON]
+    assert summary["micro_steps"] >= 4, "the summary holds what the launcher knew before the loss"
 
 
 def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_summary(
