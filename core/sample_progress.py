@@ -4,9 +4,10 @@ Where it sits: inside the rollouter (`core.sample_lifecycle` counts the samples,
 this module follows each one's trajectories), between the results it reads and
 the requests it sends. Pure (no I/O, no clock): `apply` turns one
 GenerateResult into the next action: nothing (stale duplicate), a retry
-request (aborted or rejected: continue from prompt + partial tokens with the
-remaining budget, same request id so the sticky route holds), or "trajectory
-done". Weight versions: min = version of the first attempt that produced
+request (aborted, rejected or failed by the engine: continue from prompt +
+partial tokens with the remaining budget, same request id so the sticky route
+holds), or "trajectory done" (an engine failing one trajectory
+MAX_ENGINE_ERRORS times ends it truncated). Weight versions: min = version of the first attempt that produced
 tokens, max = version of the last one.
 """
 
@@ -16,7 +17,11 @@ from dataclasses import dataclass, field
 
 from shared.schema import FINISHED, FinishReason, GenerateRequest, GenerateResult, Trajectory
 
-RETRYABLE = frozenset({FinishReason.ABORT, FinishReason.REJECTED})
+RETRYABLE = frozenset({FinishReason.ABORT, FinishReason.REJECTED, FinishReason.ERROR})
+MAX_ENGINE_ERRORS = 3
+"""Attempts of one trajectory the engine may fail (FinishReason.ERROR: an exception, e.g. out of memory)
+before it ends truncated at the tokens it has, so one request that always fails cannot hold its sample,
+and the run, forever."""
 
 
 @dataclass
@@ -30,6 +35,8 @@ class TrajectoryProgress:
     max_version: int | None = None
     replica_ids: list[str] = field(default_factory=list)
     generation_time_s: float = 0.0
+    engine_errors: int = 0
+    """Attempts that ended with FinishReason.ERROR."""
     finish_reason: FinishReason | None = None
     """Set once the trajectory is complete (or truncated by an abort without partial rollout)."""
 
@@ -85,6 +92,11 @@ class SampleProgress:
         if result.finish_reason == FinishReason.ABORT and not partial_rollout:
             traj.finish_reason = FinishReason.ABORT  # truncated, as the original without partial rollout
             return None
+        if result.finish_reason == FinishReason.ERROR:
+            traj.engine_errors += 1
+            if traj.engine_errors >= MAX_ENGINE_ERRORS:
+                traj.finish_reason = FinishReason.ERROR  # given up on: truncated at what it has
+                return None
         if result.finish_reason not in RETRYABLE:
             raise ValueError(f"unknown finish_reason {result.finish_reason!r} for {result.request_id}")
         traj.attempt += 1

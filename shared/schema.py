@@ -108,7 +108,7 @@ class GenerateResult:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
-    """ABORT (partial) and REJECTED (the replica was not serving) are retried elsewhere."""
+    """ABORT (partial), REJECTED (the replica was not serving) and ERROR (the engine raised) are retried."""
     weight_version: int
     attempt: int = 0
     """Echo of the request's attempt, so a late duplicate of an old attempt is ignored."""

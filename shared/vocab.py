@@ -109,6 +109,9 @@ class FinishReason(StrEnum):
     """Partial: aborted mid-generation, resumed elsewhere."""
     REJECTED = "rejected"
     """The replica was not serving; retried elsewhere."""
+    ERROR = "error"
+    """The engine raised on this attempt (the worker logs why); retried, and a trajectory whose engine
+    fails `MAX_ENGINE_ERRORS` times (core/sample_progress.py) ends truncated with this reason."""
 
 
 FINISHED = frozenset({FinishReason.STOP, FinishReason.LENGTH})

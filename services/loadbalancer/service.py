@@ -144,8 +144,8 @@ class LoadBalancer:
             for _, message in batch:
                 if isinstance(message, GenerateResult):
                     self.state.release(message.replica_id)
-                    if message.finish_reason in FINISHED:
-                        self.state.forget(message.request_id)
+                    if message.finish_reason in FINISHED or message.finish_reason is FinishReason.ERROR:
+                        self.state.forget(message.request_id)  # done, or let its retry leave a failing engine
                     forward.append((self.bus.names.rollouter_results, message))
             await self.bus.publish_many(forward)
             await sub.ack(*(entry_id for entry_id, _ in batch))

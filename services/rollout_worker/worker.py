@@ -33,7 +33,7 @@ import time
 import uuid
 
 from core.replica import ReplicaState, transition
-from services.rollout_worker.engine import Engine
+from services.rollout_worker.engine import Engine, EngineOutput
 from shared.bus import Bus, Subscription, text
 from shared.names import HEARTBEAT_TTL_S, WORKER_GROUP, TrainerStateField
 from shared.peer_liveness import clear_unresponsive
@@ -154,12 +154,20 @@ class RolloutWorker:
             task.add_done_callback(self._inflight.discard)
 
     async def _generate(self, request: GenerateRequest, entry_id: str, sub: Subscription) -> None:
+        """Generate and answer. An engine that raises on this request (out of memory, a prompt it
+        refuses) is answered `error` with no tokens, so the rollouter retries it (a bounded number of
+        times) instead of the request waiting, unanswered, for a restart that never comes."""
         version = self.version
         started = time.monotonic()
-        output = await self.engine.generate(
-            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-            max_tokens=request.max_tokens
-        )
+        try:
+            output = await self.engine.generate(
+                request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+                max_tokens=request.max_tokens
+            )
+        except Exception as exc:
+            log.error("%s: the engine failed %s (attempt %d): %s: %s", self.replica_id, request.request_id,
+                      request.attempt, type(exc).__name__, exc)
+            output = EngineOutput(token_ids=[], logprobs=[], finish_reason=FinishReason.ERROR)
         await self._answer(sub, entry_id, self._result(
             request, token_ids=output.token_ids, logprobs=output.logprobs, finish_reason=output.finish_reason,
             version=version, generation_time_s=time.monotonic() - started))
