@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -32,6 +33,14 @@ OUTAGE_S = 2.5
 
 def run_to_the_end(job: launcher.Job, timeout_s: float) -> None:
     wait_for(lambda: job.poll() is RunStatus.DONE, timeout_s=timeout_s, what="the run to finish")
+
+
+def failed_summary(out: Path, *, flag: str, reason: str) -> dict[str, Any]:
+    """The run's summary.json, checked to say failed, with `flag` set and `reason` in its reason."""
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary[flag] is True
+    assert reason in summary[RunStateField.REASON]
+    return summary
 
 
 def test_a_run_survives_redis_killed_mid_run_and_trains_every_sample_once(tmp_path: Path) -> None:
@@ -95,17 +104,15 @@ def test_redis_gone_for_longer_than_the_retry_window_fails_the_run_with_its_outp
             run_to_the_end(job, timeout_s=60)
     finally:
         server.stop()
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary["redis_unreachable"] is True
-    assert "ConnectionError" in summary[RunStateField.REASON]
+    summary = failed_summary(out, flag="redis_unreachable", reason="ConnectionError")
     assert summary["samples"][SampleState.TRAINED] >= 2 * 16, "the summary holds what the launcher knew"
     assert summary["micro_steps"] >= 2
 
 
 def test_redis_restarted_without_its_append_only_file_fails_the_run_instead_of_starting_it_again(
         tmp_path: Path) -> None:
-    """A Redis that comes back empty (no AOF, a flush, evicted keys) holds none of the run: the services
-    would start it afresh and report every sample of the second start trained; the launcher stops it."""
+    """A Redis that comes back empty (no AOF, a flush, evicted keys) holds none of the run: left alone,
+    the services hung here (or, after a flush, started a new ledger); the launcher stops the run."""
     server = RedisServer(workdir=tmp_path / "redis", appendonly=False)
     server.start()
     config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
@@ -119,9 +126,7 @@ def test_redis_restarted_without_its_append_only_file_fails_the_run_instead_of_s
             run_to_the_end(job, timeout_s=60)
     finally:
         server.stop()
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary["redis_state_lost"] is True
-    assert "RedisStateLost" in summary[RunStateField.REASON]
+    summary = failed_summary(out, flag="redis_state_lost", reason="RedisStateLost")
     assert summary["micro_steps"] >= 4, "the summary holds what the launcher knew before the loss"
 
 
@@ -142,8 +147,7 @@ def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_s
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("dynsched: error: Redis: ")
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary["redis_unreachable"] is True
+    failed_summary(out, flag="redis_unreachable", reason="Redis")
 
 
 async def test_a_redis_call_waits_out_an_outage_within_the_window_and_fails_after_it(tmp_path: Path) -> None:
