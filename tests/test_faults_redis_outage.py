@@ -147,7 +147,7 @@ def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_s
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("dynsched: error: Redis: ")
-    failed_summary(out, flag="redis_unreachable", reason="Redis")
+    failed_summary(out, flag="redis_unreachable", reason="ConnectionError")
 
 
 async def test_a_redis_call_waits_out_an_outage_within_the_window_and_fails_after_it(tmp_path: Path) -> None:
