@@ -7,8 +7,8 @@ GenerateResult into the next action: nothing (stale duplicate), a retry
 request (aborted, rejected or failed by the engine: continue from prompt +
 partial tokens with the remaining budget, same request id so the sticky route
 holds), or "trajectory done" (an engine failing one trajectory
-MAX_ENGINE_ERRORS times ends it truncated). Weight versions: min = version of the first attempt that produced
-tokens, max = version of the last one.
+MAX_ENGINE_ERRORS times ends it truncated). Weight versions: min = version of
+the first attempt that produced tokens, max = version of the last one.
 """
 
 from __future__ import annotations

@@ -94,6 +94,11 @@ def claim_namespace(client: redis.Redis, names: Names, *, fresh: bool) -> None:
         client.delete(*keys[start:start + 1000])
 
 
+def micro_steps_done(trainer_state: dict[str, str]) -> int:
+    """Micro-steps the trainer has completed, from its `trainer_state` hash (global_steps counts from 1)."""
+    return max(0, int(trainer_state.get(TrainerStateField.GLOBAL_STEPS, "1")) - 1)
+
+
 def total_micro_steps(config: Config) -> int:
     limits = FlowLimits.from_config(config)
     return limits.total_train_steps * limits.trigger_parameter_sync_step
@@ -217,8 +222,7 @@ class Job:
         read, in `known`, are then the run's record)."""
         found = run_state.get(RunStateField.STARTED_AT)
         if self.run_id and found != self.run_id:
-            steps = max(0, int(self.known.get(self.names.trainer_state, {}).get(
-                TrainerStateField.GLOBAL_STEPS, "1")) - 1)
+            steps = micro_steps_done(self.known.get(self.names.trainer_state, {}))
             raise RedisStateLost(
                 f"Redis lost this run's state (run_state.started_at is {found or 'gone'}, this run wrote "
                 f"{self.run_id}) after about {steps} micro-step(s): it restarted without its append-only "
@@ -287,8 +291,7 @@ class Job:
                              log_path=path)
 
     def completed_micro_steps(self) -> int:
-        trainer = self.read(self.names.trainer_state)
-        return max(0, int(trainer.get(TrainerStateField.GLOBAL_STEPS, "1")) - 1)
+        return micro_steps_done(self.read(self.names.trainer_state))
 
     def fail(self, reason: str) -> None:
         if self.client is None:
@@ -306,15 +309,13 @@ class Job:
                 self.fail(reason)
                 summary = self.summary(wall_time_s=self.elapsed_s, admin={}, known=state_lost)
                 if state_lost:
-                    summary.update({RunStateField.STATUS: RunStatus.FAILED,
-                                    RunStateField.REASON: reason[:2000], "redis_state_lost": True})
+                    summary.update(_failed_from_known(reason, flag="redis_state_lost"))
                 write_outputs(self.redis, self.names, self.out_dir, summary, self.exports)
                 return
             except redis.RedisError as exc:
                 reason = f"{reason}; then Redis: {exc}"
         summary = self.summary(wall_time_s=self.elapsed_s, admin={}, known=True)
-        summary.update({RunStateField.STATUS: RunStatus.FAILED, RunStateField.REASON: reason[:2000],
-                        "redis_unreachable": True})
+        summary.update(_failed_from_known(reason, flag="redis_unreachable"))
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
     def stop(self) -> dict[str, int]:
@@ -344,7 +345,7 @@ class Job:
             "namespace": self.names.namespace, "redis_url": "embedded" if self.embedded else self.redis_url,
             "wall_time_s": round(wall_time_s, 3), "policy": policy.get("name"), "policy_config": policy,
             "param_versions": int(trainer.get(TrainerStateField.VERSION, 0)),
-            "micro_steps": max(0, int(trainer.get(TrainerStateField.GLOBAL_STEPS, "1")) - 1),
+            "micro_steps": micro_steps_done(trainer),
             "total_micro_steps": self.total_micro_steps,
             "replicas": {"standalone": len(self.config.standalone_ids),
                          "hybrid": len(self.config.hybrid_ids)},
@@ -356,6 +357,12 @@ class Job:
             "hung_kills": {name: n for name, n in self.hung_kills.items() if n},
             "redis_restarts": self.embedded.restarts if self.embedded else None,
         }
+
+
+def _failed_from_known(reason: str, *, flag: str) -> dict[str, Any]:
+    """The fields a summary built from the hashes last read gets: failed, why, and `flag` saying why
+    Redis's own copy was not used."""
+    return {RunStateField.STATUS: RunStatus.FAILED, RunStateField.REASON: reason[:2000], flag: True}
 
 
 def run_job(config_path: str | Path, out_dir: str | Path, redis_url: str | None = None, *,
