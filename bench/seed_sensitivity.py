@@ -1,11 +1,14 @@
-"""How far each prior the seed's data cannot pin moves the dynamic prediction (docs/simulator.md table).
+"""How far each prior the seed's data cannot pin moves the dynamic prediction and the dynamic gain
+(docs/simulator.md table).
 
 Where it sits: the seed scenario is fitted (``sim.calibrate``) on its two static runs only; the
 dynamic 16-16 run (5.4 h measured) is a prediction. For each variant below this changes one prior,
 refits on the static runs where the prior touches them (a refusal by the physics check is a result:
 the data and the prior cannot both hold), then simulates the dynamic run. Reported per variant: the
-fitted decode efficiency and training MFU, the predicted dynamic hours, its change from the shipped
-scenario, the ideal bound.
+fitted decode efficiency and training MFU, the predicted dynamic hours (the seed's `default` policy),
+its change from the shipped scenario, the ideal bound; and the verdict a user acts on (issue 11):
+plain fully-async at every split, `adaptive` with the fast switch mechanics (bench.policy_sweep's
+"fast") at every split with hybrids, and the best adaptive split against the best static split.
 
 Run: ``python -m bench.seed_sensitivity [--workers 2] [--only LABEL] [--out runs/seed_sensitivity.json]``
 (each refit is ~10-20 full simulations: minutes per variant).
@@ -19,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import write_result
+from bench.policy_sweep import MECHANICS
 from sim.calibrate import CalibrationError, calibrate, row_scenario
 from sim.physics import PhysicsError
+from sim.plan import splits
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -70,7 +75,41 @@ def run_variant(variant: tuple[str, dict[str, Any], bool]) -> dict[str, Any]:
     res = simulate(dynamic_row(scenario))
     return {**out, "decode_efficiency": phys.decode_efficiency, "train_mfu": phys.train_mfu,
             "dynamic_h": res.wall_s / 3600.0, "bound_h": res.ideal_bound_s / 3600.0,
-            "activations": res.activations}
+            "activations": res.activations, **gain_vs_best_static(scenario)}
+
+
+def gain_vs_best_static(scenario: Scenario, *, policy: str = "adaptive") -> dict[str, Any]:
+    """Plain fully-async at every split and `policy` (fast mechanics) at every split with hybrids: the
+    best of each, and the best dynamic split's time against the best static split's."""
+    static_h: dict[str, float] = {}
+    dynamic_h: dict[str, float] = {}
+    for train, rollout in splits(scenario):
+        split = f"{train}:{rollout}"
+        if rollout > 0:
+            static_h[split] = simulate(scenario.with_split(train, rollout, policy="static")).wall_s / 3600.0
+        fast = scenario.with_split(train, rollout, policy=policy).with_changes(MECHANICS["fast"])
+        dynamic_h[split] = simulate(fast).wall_s / 3600.0
+    best_static = min(static_h, key=static_h.__getitem__)
+    best_dynamic = min(dynamic_h, key=dynamic_h.__getitem__)
+    return {"static_h": static_h, f"{policy}_h": dynamic_h, "best_static": best_static,
+            "best_dynamic": best_dynamic,
+            "gain_vs_best_static": dynamic_h[best_dynamic] / static_h[best_static] - 1.0}
+
+
+def format_gain_table(rows: list[dict[str, Any]]) -> str:
+    """The verdict per variant: best static split, best `adaptive` split (fast mechanics), the gain."""
+    lines = ["| variant | refit | best static | adaptive at 16:16 | best adaptive | vs best static |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "refused" in r:
+            lines.append(f"| {r['variant']} | yes | refused | | | |")
+            continue
+        static, dynamic = r["static_h"], r["adaptive_h"]
+        best_static, best_dynamic = r["best_static"], r["best_dynamic"]
+        lines.append(f"| {r['variant']} | {'yes' if r['refit'] else 'no'} | "
+                     f"{best_static} {static[best_static]:.3f} h | {dynamic.get('16:16', 0.0):.3f} h | "
+                     f"{best_dynamic} {dynamic[best_dynamic]:.3f} h | {r['gain_vs_best_static']:+.1%} |")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -99,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         rows = list(pool.map(run_variant, variants))
     print(format_table(rows))
+    print()
+    print(format_gain_table(rows))
     write_result(args.out, {"rows": rows})
     return 0
 

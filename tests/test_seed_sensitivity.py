@@ -1,0 +1,38 @@
+"""The seed-sensitivity bench (bench/seed_sensitivity.py): its verdict compares what it says it does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.policy_sweep import MECHANICS
+from bench.seed_sensitivity import format_gain_table, gain_vs_best_static
+from sim.plan import splits
+from sim.run import simulate
+from sim.scenario import load_scenario
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim_16_16_adaptive.yaml"
+
+
+def test_the_gain_is_the_best_adaptive_split_against_the_best_static_split() -> None:
+    base = load_scenario(CONFIG).with_prompts(192)
+    verdict = gain_vs_best_static(base)
+    every_split = {f"{t}:{r}" for t, r in splits(base)}
+    assert set(verdict["adaptive_h"]) == every_split
+    with_rollout_gpus = {f"{t}:{r}" for t, r in splits(base) if r > 0}  # no static run without them
+    assert set(verdict["static_h"]) == with_rollout_gpus
+    assert verdict["best_static"] == min(verdict["static_h"], key=verdict["static_h"].__getitem__)
+    assert verdict["best_dynamic"] == min(verdict["adaptive_h"], key=verdict["adaptive_h"].__getitem__)
+    ratio = verdict["adaptive_h"][verdict["best_dynamic"]] / verdict["static_h"][verdict["best_static"]]
+    assert verdict["gain_vs_best_static"] == ratio - 1.0
+
+
+def test_the_adaptive_runs_use_the_fast_switch_mechanics() -> None:
+    base = load_scenario(CONFIG).with_prompts(192)
+    verdict = gain_vs_best_static(base)
+    fast = base.with_split(16, 16, policy="adaptive").with_changes(MECHANICS["fast"])
+    assert verdict["adaptive_h"]["16:16"] == simulate(fast).wall_s / 3600.0
+
+
+def test_a_refused_variant_is_a_row_that_says_so() -> None:
+    table = format_gain_table([{"variant": "no MTP", "refit": True, "refused": "MFU above 60%"}])
+    assert "| no MTP | yes | refused |" in table
