@@ -14,6 +14,9 @@ second): the services' own cost per command (Redis round trips, process scheduli
 wall ms on this 2-core machine) is fixed in wall seconds, so the smaller the scale the larger
 it is against the modelled wake, sleep and sync (docs/benchmarks.md). Wall times are reported
 in wall seconds, and also in modelled seconds (wall / scale) to compare scales.
+``--repeat N`` runs the configs N times, interleaved (A B C, A B C, ...) so a machine that slows down
+or speeds up during the bench weighs on every config alike; it prints every run, then each config's
+median wall time and how it compares with every other config's median (one bench run, N samples).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -121,6 +125,24 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{fmt(m['rollout_utilization'], '7.3f')}")
 
 
+def median_walls(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each config's median wall time over its runs that finished with one (config order kept)."""
+    walls: dict[str, list[float]] = {}
+    for row in rows:
+        walls.setdefault(Path(row["config"]).stem, [])
+        if row["wall_time_s"] is not None:
+            walls[Path(row["config"]).stem].append(float(row["wall_time_s"]))
+    return {stem: statistics.median(values) for stem, values in walls.items() if values}
+
+
+def print_medians(medians: dict[str, float], repeats: int) -> None:
+    print(f"median wall s over {repeats} runs, and each against the others' medians:")
+    for stem, wall_s in medians.items():
+        against = ", ".join(f"{(wall_s / other_s - 1):+.1%} vs {other}"
+                            for other, other_s in medians.items() if other != stem)
+        print(f"  {stem:22s} {wall_s:7.1f}  {against}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=None, help="write results as JSON here")
@@ -131,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per-config bound on the run")
     parser.add_argument("--time-scale", type=float, default=None,
                         help="run every config at this run.time_scale (default: each config's own)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the configs this many times, interleaved; report each config's median")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     if args.timeout_s <= 0:
         raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}")
     if args.time_scale is not None and args.time_scale <= 0:
@@ -142,15 +168,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"config(s) not found: {', '.join(missing)}")
     load_before = os.getloadavg()
     rows = []
-    for config_path in configs:
-        out_dir = args.runs_dir / Path(config_path).stem
-        shutil.rmtree(out_dir, ignore_errors=True)  # only this bench's own earlier outputs
-        print(f"running {config_path} -> {out_dir}", flush=True)
-        rows.append(run_config(Path(config_path), out_dir, timeout_s=args.timeout_s,
-                               time_scale=args.time_scale))
+    for repeat in range(args.repeat):
+        for config_path in configs:
+            suffix = f"-r{repeat + 1}" if args.repeat > 1 else ""
+            out_dir = args.runs_dir / (Path(config_path).stem + suffix)
+            shutil.rmtree(out_dir, ignore_errors=True)  # only this bench's own earlier outputs
+            print(f"running {config_path} -> {out_dir}", flush=True)
+            rows.append(run_config(Path(config_path), out_dir, timeout_s=args.timeout_s,
+                                   time_scale=args.time_scale))
+    medians = median_walls(rows)
     result = {"cpus": os.cpu_count(), "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
-              "runs": rows}
+              "repeat": args.repeat, "median_wall_time_s": medians, "runs": rows}
     print_table(rows)
+    if args.repeat > 1:
+        print_medians(medians, args.repeat)
     write_result(args.out, result)
     return 0
 

@@ -49,3 +49,28 @@ def test_the_startup_ends_at_the_controllers_first_decision_or_command(tmp_path:
     (tmp_path / "audit.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     assert bench_sim_configs.startup_s(tmp_path, 100.0) == 4.25  # a command's t is its end
     assert bench_sim_configs.startup_s(tmp_path / "missing", 100.0) is None
+
+
+def test_repeated_runs_are_interleaved_and_each_config_reports_its_median(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    static, dynamic = CONFIG.with_name("sim_16_16_static.yaml"), CONFIG
+    walls = iter([100.0, 90.0, 104.0, 95.0, 98.0, 91.0])
+    order: list[str] = []
+
+    def fake_run_job(config_path: Path, out_dir: Path, **_: Any) -> dict[str, Any]:
+        order.append(out_dir.name)
+        return {"wall_time_s": next(walls), "samples": {}, "switches": {}}
+
+    monkeypatch.setattr(bench_sim_configs, "run_job", fake_run_job)
+    out = tmp_path / "result.json"
+    bench_sim_configs.main(["--repeat", "3", "--config", str(static), "--config", str(dynamic),
+                            "--runs-dir", str(tmp_path / "runs"), "--out", str(out)])
+    assert order == ["sim_16_16_static-r1", "sim_16_16_adaptive-r1", "sim_16_16_static-r2",
+                     "sim_16_16_adaptive-r2", "sim_16_16_static-r3", "sim_16_16_adaptive-r3"]
+    result = json.loads(out.read_text())
+    assert result["median_wall_time_s"] == {"sim_16_16_static": 100.0, "sim_16_16_adaptive": 91.0}
+
+
+def test_a_repeat_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="--repeat must be >= 1"):
+        bench_sim_configs.main(["--repeat", "0", "--config", str(CONFIG)])
