@@ -50,6 +50,8 @@ MORE_VARIANTS: tuple[tuple[str, dict[str, Any], bool], ...] = (
                                 W + "response_tokens_median_end": 1000.0}, True),
     ("response sigma 0.7 (shorter tail)", {W + "response_tokens_sigma": 0.7}, True),
     ("max-length share 0.5%", {W + "max_length_share": 0.005}, True),
+    ("trainer non-scaling 2.5 s", {P + "train_non_scaling_s": 2.5}, True),
+    ("trainer non-scaling 3.5 s", {P + "train_non_scaling_s": 3.5}, True),
     ("trainer non-scaling 8 s", {P + "train_non_scaling_s": 8.0}, True),
     ("decode overhead 2 ms", {P + "decode_overhead_s": 0.002}, True),
 )
