@@ -129,9 +129,9 @@ def median_walls(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Each config's median wall time over its runs that finished with one (config order kept)."""
     walls: dict[str, list[float]] = {}
     for row in rows:
-        walls.setdefault(Path(row["config"]).stem, [])
+        values = walls.setdefault(Path(row["config"]).stem, [])
         if row["wall_time_s"] is not None:
-            walls[Path(row["config"]).stem].append(float(row["wall_time_s"]))
+            values.append(float(row["wall_time_s"]))
     return {stem: statistics.median(values) for stem, values in walls.items() if values}
 
 

@@ -25,7 +25,7 @@ from bench import write_result
 from bench.policy_sweep import MECHANICS
 from sim.calibrate import CalibrationError, calibrate, row_scenario
 from sim.physics import PhysicsError
-from sim.plan import splits
+from sim.plan import plan
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -81,16 +81,11 @@ def run_variant(variant: tuple[str, dict[str, Any], bool]) -> dict[str, Any]:
 
 
 def gain_vs_best_static(scenario: Scenario, *, policy: str = "adaptive") -> dict[str, Any]:
-    """Plain fully-async at every split and `policy` (fast mechanics) at every split with hybrids: the
-    best of each, and the best dynamic split's time against the best static split's."""
-    static_h: dict[str, float] = {}
-    dynamic_h: dict[str, float] = {}
-    for train, rollout in splits(scenario):
-        split = f"{train}:{rollout}"
-        if rollout > 0:
-            static_h[split] = simulate(scenario.with_split(train, rollout, policy="static")).wall_s / 3600.0
-        fast = scenario.with_split(train, rollout, policy=policy).with_changes(MECHANICS["fast"])
-        dynamic_h[split] = simulate(fast).wall_s / 3600.0
+    """The planner's sweep of plain fully-async and `policy` with the fast mechanics over every split:
+    the best of each, and the best dynamic split's time against the best static split's."""
+    rows = plan(scenario.with_changes(MECHANICS["fast"]), policies=("static", policy), workers=1)
+    static_h = {f"{r.train_gpus}:{r.rollout_gpus}": r.wall_h for r in rows if r.policy == "static"}
+    dynamic_h = {f"{r.train_gpus}:{r.rollout_gpus}": r.wall_h for r in rows if r.policy == policy}
     best_static = min(static_h, key=static_h.__getitem__)
     best_dynamic = min(dynamic_h, key=dynamic_h.__getitem__)
     return {"static_h": static_h, f"{policy}_h": dynamic_h, "best_static": best_static,

@@ -59,12 +59,13 @@ def _run_one(job: tuple[Scenario, int, int, str, tuple[str, ...]]) -> PlanRow:
                    mean_mq_size=res.mean_mq_size())
 
 
-def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (),
-         workers: int | None = None) -> list[PlanRow]:
-    """Every (split, policy) run, fastest first. Splits with no rollout GPUs only run dynamic policies."""
+def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: int | None = None,
+         policies: tuple[str, ...] = ()) -> list[PlanRow]:
+    """Every (split, policy) run, fastest first; `policies` (default: static and every registered one)
+    narrows the sweep. Splits with no rollout GPUs only run dynamic policies."""
     jobs = []
     for train, rollout in splits(scenario):
-        for policy in _policies(policy_modules):
+        for policy in policies or _policies(policy_modules):
             if rollout == 0 and policy == "static":
                 continue
             jobs.append((scenario, train, rollout, policy, policy_modules))
