@@ -36,6 +36,8 @@ class Bus:
         self.retention_s = retention_s
         self.dead_letter_maxlen = dead_letter_maxlen
         self.event_maxlen = event_maxlen
+        self.handled_ttl_s = int(max(STREAM_RETENTION_S, retention_s or 0))
+        """How long a handled message's id is kept (Names.handled): as long as a copy can be read."""
         self._capped = frozenset((names.audit, names.metrics, names.controller_acks))
         """Streams without a consumer group: nothing trims them by acks, so each XADD caps them."""
 
@@ -63,18 +65,35 @@ class Bus:
     async def serve_commands(self, sub: Subscription, stop: asyncio.Event, *, sender: str,
                              apply: Callable[[schema.Command], Awaitable[schema.Report | None]]) -> None:
         """Apply each Command in order and acknowledge it: ok with `apply`'s typed report, or not ok
-        with the ValueError's text (unknown action, illegal in this state)."""
+        with the ValueError's text (unknown action, illegal in this state). A command is applied at
+        most once per `command_id` (within the streams' retention): a copy gets the first ack again."""
         while not stop.is_set():
             for entry_id, message in await sub.read(count=16, block_ms=200):
                 if isinstance(message, schema.Command):
-                    try:
-                        ack = schema.CommandAck.answer(message, sender=sender, report=await apply(message))
-                    except ValueError as exc:
-                        log.error("%s rejected %s %s: %s", sender, message.command_id, message.action, exc)
-                        ack = schema.CommandAck(command_id=message.command_id, sender=sender, ok=False,
-                                                error=str(exc))
-                    await self.publish(self.names.controller_acks, ack)
+                    await self._answer_once(message, sender, apply)
                 await sub.ack(entry_id)
+
+    async def _answer_once(self, command: schema.Command, sender: str,
+                           apply: Callable[[schema.Command], Awaitable[schema.Report | None]]) -> None:
+        handled_key = self.names.handled(sender, command.command_id)
+        handled = await self.redis.hgetall(handled_key)  # type: ignore[misc]
+        if handled:
+            log.info("%s: %s %s was handled already; its ack is sent again", sender, command.action,
+                     command.command_id)
+            await self.publish(self.names.controller_acks, schema.decode(handled))
+            return
+        try:
+            ack = schema.CommandAck.answer(command, sender=sender, report=await apply(command))
+        except ValueError as exc:
+            log.error("%s rejected %s %s: %s", sender, command.command_id, command.action, exc)
+            ack = schema.CommandAck(command_id=command.command_id, sender=sender, ok=False, error=str(exc))
+        fields = schema.encode(ack)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(handled_key, mapping=fields)
+            pipe.expire(handled_key, self.handled_ttl_s)
+            pipe.xadd(self.names.controller_acks, fields, maxlen=self._maxlen(self.names.controller_acks),
+                      approximate=True)
+            await pipe.execute()
 
     def consumer(self, stream: str, group: str, consumer: str) -> StreamConsumer:
         """A raw consumer of ``stream`` with this bus's dead letters, leases, retention and caps."""

@@ -298,6 +298,13 @@ class Names:
     def lease(self, consumer: str) -> str:
         return self._key("lease", consumer)
 
+    def handled(self, consumer: str, message_id: str) -> str:
+        """Hash with a TTL: that `consumer` handled the message `message_id` (a Command's id, a
+        TrainerEvent's id) and, for a command, the ack it gave (its stream fields). A copy of the
+        message (redelivered, re-sent after a lost ack, replayed late) is answered from here, never
+        applied twice: a stale SLEEP replayed after a WAKE must not put the replica back to sleep."""
+        return self._key("handled", consumer, message_id)
+
     @property
     def run_state(self) -> str:
         """Hash of the run's status (fields: RunStateField; status: a RunStatus)."""

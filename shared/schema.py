@@ -251,6 +251,9 @@ class TrainerEvent:
     """COLLECTED: samples missing when the collection started (max(0, required - mq_size))."""
     stats: dict[str, float] = field(default_factory=dict)
     """MICRO_STEP_DONE: the micro-step's metrics, by the seed's metric names."""
+    event_id: str = ""
+    """Unique per emission (the trainer service stamps it as it publishes): a copy of the entry
+    carries the same id, a restarted trainer's repeat of the same phase a new one."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

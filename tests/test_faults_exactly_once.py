@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from core.replica import ReplicaState, transition
 from services.launcher import DUPLICATED, LOST
-from shared.bus import text
-from shared.names import AccountingField, SampleState, TrainerStateField
+from shared.bus import Bus, text
+from shared.names import WORKER_GROUP, AccountingField, Names, SampleState, TrainerStateField
+from shared.schema import Command, CommandAck, CommandAction, CycleMetrics, ReplicaReport, decode
 from tests.stack import Stack, consumer_group_streams, sim_config
 
 pytestmark = pytest.mark.e2e
@@ -83,5 +85,70 @@ async def test_copies_of_the_newest_entry_of_every_stream_replayed_mid_run_are_a
     assert {names.mq, names.trainer_events, names.lb_requests, names.rollouter_commands} <= copied
     assert all(text(f[b"dlq_stream"]) == names.mq and text(f[b"dlq_reason"]).startswith("duplicate: ")
                for _, f in dead)
+    assert counts[AccountingField.FED] == counts[AccountingField.TRAINED] == 64
+    assert counts[LOST] == 0 and counts[DUPLICATED] == 0
+
+
+async def test_a_stale_copy_of_a_sleep_command_replayed_after_the_wake_is_acked_again_never_applied(
+        redis_client):
+    """Commands are applied once per command_id: a copy of SLEEP that arrives after the WAKE that
+    followed it gets the SLEEP's first ack again and leaves the replica awake (applied again, it
+    would put an active hybrid to sleep and fail the next weight sync)."""
+    names = Names("once")
+    bus = Bus(redis_client, names)
+    state = ReplicaState.SERVING
+    applied: list[CommandAction] = []
+
+    async def apply(command: Command) -> ReplicaReport:
+        nonlocal state
+        state = transition(state, command.action)
+        applied.append(command.action)
+        return ReplicaReport(state=state, version=0, duration_s=0.0)
+
+    stream = names.worker_commands("hybrid_0")
+    sub = await bus.subscribe(stream, WORKER_GROUP, "hybrid_0")
+    stop = asyncio.Event()
+    server = asyncio.create_task(bus.serve_commands(sub, stop, sender="hybrid_0", apply=apply))
+    sleep = Command(command_id="sleep-1", action=CommandAction.SLEEP)
+    try:
+        for command in (sleep, Command(command_id="wake-1", action=CommandAction.WAKE),
+                        Command(command_id="resume-1", action=CommandAction.RESUME), sleep):
+            await bus.publish(stream, command)
+        deadline = time.monotonic() + 10
+        while await redis_client.xlen(names.controller_acks) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await server
+        await sub.close()
+    acks = [decode(fields) for _, fields in await redis_client.xrange(names.controller_acks)]
+    assert all(isinstance(ack, CommandAck) and ack.ok for ack in acks)
+    assert [ack.command_id for ack in acks] == ["sleep-1", "wake-1", "resume-1", "sleep-1"]
+    assert acks[0] == acks[3]
+    assert applied == [CommandAction.SLEEP, CommandAction.WAKE, CommandAction.RESUME]
+    assert state is ReplicaState.SERVING
+
+
+async def test_late_copies_of_every_trainer_event_so_far_are_ignored_by_the_controller(redis_server):
+    """Copies of old step-phase events (the first sync, micro-steps already done) appended mid-run are
+    not handled again: each cycle's metrics are emitted once, and every fed sample is trained once."""
+    stack = Stack(sim_config(), redis_server.url)
+    await stack.start()
+    try:
+        redis, names = stack.buses[0].redis, stack.names
+        deadline = time.monotonic() + 30
+        while await redis.xlen(names.metrics) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        old = await redis.xrange(names.trainer_events)
+        for _, fields in old:
+            await redis.xadd(names.trainer_events, fields)
+        await stack.wait_done(timeout_s=90)
+        metrics = [decode(fields) for _, fields in await redis.xrange(names.metrics)]
+        counts = await stack.accounting()
+    finally:
+        await stack.close()
+    assert len(old) >= 8
+    versions = [m.version for m in metrics if isinstance(m, CycleMetrics)]
+    assert len(versions) == len(set(versions)) == 64 // 4 // 2
     assert counts[AccountingField.FED] == counts[AccountingField.TRAINED] == 64
     assert counts[LOST] == 0 and counts[DUPLICATED] == 0

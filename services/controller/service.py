@@ -195,9 +195,15 @@ class Controller:
         await self.rpc.call(self.bus.names.rollouter_commands, CommandAction.SET_ACTIVE_REPLICAS,
                             value=serving)
 
-    async def persist(self) -> None:
-        await self.bus.redis.set(self.bus.names.controller_state, dump_snapshot(self.core.snapshot(),
-                                                                                self.last_event))
+    async def persist(self, *, handled: TrainerEvent | None = None) -> None:
+        """Save the snapshot; with `handled`, in the same transaction, mark that event's id handled
+        (a late copy of it, once another event has been handled, is then ignored)."""
+        snapshot = dump_snapshot(self.core.snapshot(), self.last_event)
+        async with self.bus.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.bus.names.controller_state, snapshot)
+            if handled is not None and handled.event_id:
+                pipe.set(self._handled_key(handled), 1, ex=self.bus.handled_ttl_s)
+            await pipe.execute()
 
     # -- events ----------------------------------------------------------------------
 
@@ -208,6 +214,11 @@ class Controller:
         if last is not None and replay and last.finished:
             log.info("re-sending the reply to a replayed %s %d", event.phase, event.global_steps)
             await self._reply(last.saved_reply())
+            return
+        if not replay and event.event_id and await self.bus.redis.exists(self._handled_key(event)):
+            log.warning("ignoring a late copy of trainer event %s %d (%s), handled before %s %d",
+                        event.phase, event.global_steps, event.event_id, last and last.phase,
+                        last and last.global_steps)
             return
         reply: TrainerReply | None = None
         logic = self.executor_core
@@ -224,8 +235,11 @@ class Controller:
             await self._finish_run()
         self.last_event = HandledEvent(phase=event.phase, global_steps=event.global_steps, finished=True,
                                        reply=dataclasses.asdict(reply) if reply else {})
-        await self.persist()
+        await self.persist(handled=event)
         await self._reply(reply)
+
+    def _handled_key(self, event: TrainerEvent) -> str:
+        return self.bus.names.handled(CONSUMER, event.event_id)
 
     async def _drive(self, plan: ex.Plan[T], event: TrainerEvent) -> T:
         """Perform the plan's operations in order; at its Checkpoint, persist the event in progress

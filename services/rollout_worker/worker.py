@@ -15,8 +15,9 @@ pending. Clean stop: in-flight generations are aborted and their partial tokens 
 back (the rollouter resumes them elsewhere), then the loops end. Crash:
 unacked requests and commands stay pending in this replica's consumer groups
 and are replayed when a worker with the same replica id starts again;
-duplicates are harmless (results carry the request's attempt, commands are
-idempotent, and a weight-push step names the worker process it is for, so a
+duplicates are harmless (results carry the request's attempt, a command is
+applied once per command_id (`Bus.serve_commands`: a copy gets the first ack
+again), and a weight-push step names the worker process it is for, so a
 restarted worker refuses the steps of a group it never joined).
 
 A push step that does not end within `push_timeout_s` (the trainer died or hung

@@ -29,6 +29,7 @@ from Redis, so training continues where it stopped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -188,7 +189,8 @@ class Trainer:
                        stop: asyncio.Event) -> Any:
         names = self.bus.names
         if isinstance(op, tc.Handshake | tc.Send):
-            await self.bus.publish(names.trainer_events, op.event)
+            await self.bus.publish(names.trainer_events, dataclasses.replace(op.event,
+                                                                             event_id=uuid.uuid4().hex))
             if isinstance(op, tc.Handshake):
                 return await self._await_reply(replies, stop, op)
             if op.event.phase is TrainerPhase.MICRO_STEP_DONE:
