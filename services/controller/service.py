@@ -199,10 +199,12 @@ class Controller:
         """Save the snapshot; with `handled`, in the same transaction, mark that event's id handled
         (a late copy of it, once another event has been handled, is then ignored)."""
         snapshot = dump_snapshot(self.core.snapshot(), self.last_event)
+        if handled is None or not handled.event_id:
+            await self.bus.redis.set(self.bus.names.controller_state, snapshot)
+            return
         async with self.bus.redis.pipeline(transaction=True) as pipe:
             pipe.set(self.bus.names.controller_state, snapshot)
-            if handled is not None and handled.event_id:
-                pipe.set(self._handled_key(handled), 1, ex=self.bus.handled_ttl_s)
+            pipe.set(self._handled_key(handled), 1, ex=self.bus.handled_ttl_s)
             await pipe.execute()
 
     # -- events ----------------------------------------------------------------------
