@@ -299,8 +299,8 @@ class Names:
         return self._key("lease", consumer)
 
     def handled(self, consumer: str, message_id: str) -> str:
-        """Hash with a TTL: that `consumer` handled the message `message_id` (a Command's id, a
-        TrainerEvent's id) and, for a command, the ack it gave (its stream fields). A copy of the
+        """A key with a TTL saying that `consumer` handled the message `message_id`: for a Command, a
+        hash of the ack it gave (its stream fields); for a TrainerEvent, a flag. A copy of the
         message (redelivered, re-sent after a lost ack, replayed late) is answered from here, never
         applied twice: a stale SLEEP replayed after a WAKE must not put the replica back to sleep."""
         return self._key("handled", consumer, message_id)
