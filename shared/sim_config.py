@@ -51,6 +51,22 @@ class ValidationConfig(_Section):
     prompt_tokens: Annotated[int, Field(ge=0)] = 0
 
 
+class TrainReferenceConfig(_Section):
+    """A published training throughput of the trainer's class (framework, model family), on whatever
+    accelerator it was measured; `sim.physics` carries it to this accelerator for the report."""
+
+    accelerator: str
+    """Where it was measured: a name in sim.physics.ACCELERATORS."""
+    tokens_per_s_per_gpu: Annotated[float, Field(gt=0)]
+    """The published training throughput, tokens per second per GPU."""
+    active_params_b: Annotated[float, Field(gt=0)]
+    """Active parameters of the measured model, billions (its FLOPs per token, as for this model)."""
+    flops_per_param_token: Annotated[float, Field(gt=0)] = 6.0
+    """FLOPs per active parameter per token the measured run did (6: forward + backward, no recompute)."""
+    source: str
+    """Citation: framework, model, GPUs, layout, where it is published."""
+
+
 class PhysicsConfig(_Section):
     """Decode and training costs from the accelerator's peaks; efficiencies are fitted (sim.calibrate)."""
 
@@ -83,6 +99,8 @@ class PhysicsConfig(_Section):
     """That measurement's share of its GPU's HBM roofline."""
     reference_decode: str = ""
     """Citation of that measurement (engine, model, GPU, source)."""
+    reference_train: TrainReferenceConfig | None = None
+    """A published training throughput of this trainer class, to compare the fitted train_mfu with."""
     validation: ValidationConfig | None = None
     """Periodic validation blocking the trainer (its duration from the decode timing); None: none."""
 

@@ -19,6 +19,8 @@ tokens; the compute per token is not (verifying drafts costs FLOPs). Times are p
 
 Training: a micro-step costs ``mini_batches * non_scaling_s + tokens * flops_per_token / (gpus * peak * mfu)``
 (``non_scaling_s`` per optimizer step: what FSDP does once per mini-batch does not shrink with GPUs).
+A published training throughput of the trainer's class (``reference_train``) is carried to this
+accelerator by ``transferred_mfu`` and printed next to the fitted ``train_mfu``: a check, not a bound.
 """
 
 from __future__ import annotations
@@ -59,12 +61,33 @@ class PhysicsError(ValueError):
     """A fit or a config that implies a faster machine than the accelerator is."""
 
 
+GEMM_EFFICIENCY_RANGE = (0.5, 0.9)
+"""Share of peak the compute-bound part (the GEMMs) of a published training step is taken to reach, low
+and high, when that step is carried to another accelerator (`transferred_mfu`)."""
+
+
 def accelerator(phys: PhysicsConfig) -> Accelerator:
+    return accelerator_named(phys.accelerator, field="simulator.physics.accelerator")
+
+
+def accelerator_named(name: str, *, field: str) -> Accelerator:
     try:
-        return ACCELERATORS[phys.accelerator]
+        return ACCELERATORS[name]
     except KeyError:
-        raise PhysicsError(f"simulator.physics.accelerator={phys.accelerator!r} is invalid: expected one "
-                           f"of {', '.join(ACCELERATORS)}") from None
+        expected = ", ".join(ACCELERATORS)
+        raise PhysicsError(f"{field}={name!r} is invalid: expected one of {expected}") from None
+
+
+def transferred_mfu(mfu: float, *, measured_on: Accelerator, target: Accelerator,
+                    gemm_efficiency: float) -> float:
+    """The MFU that a training step measured at `mfu` on `measured_on` has on `target`, by a two-part
+    roofline: the share `mfu / gemm_efficiency` of the step's time is compute-bound (its GEMMs) and
+    scales with the FLOPS peaks; the rest is memory- or communication-bound and scales with the HBM
+    bandwidths. An accelerator with less compute per byte (H20 against H100) gets a higher MFU."""
+    compute = min(1.0, mfu / gemm_efficiency)
+    memory = 1.0 - compute
+    flops_ratio = target.bf16_tflops / measured_on.bf16_tflops
+    return mfu / (compute + memory * flops_ratio * measured_on.hbm_tb_s / target.hbm_tb_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +221,7 @@ def physics_report(phys: PhysicsConfig, *, tp: int, max_running: int, mean_conte
     lines.append(f"training: scaling-part MFU {phys.train_mfu:.3f} "
                  f"({phys.train_flops_per_param_token:g} FLOPs per active parameter per token), "
                  f"non-scaling {phys.train_non_scaling_s:.2f} s per mini-batch (optimizer step)")
+    lines.extend(_train_reference_lines(phys, acc))
     for row in rows:
         flops = train_flops_per_token(phys) * row.tokens_per_step
         mfu = flops / (row.train_gpus * acc.bf16_tflops * 1e12 * row.update_s)
@@ -206,3 +230,31 @@ def physics_report(phys: PhysicsConfig, *, tp: int, max_running: int, mean_conte
                      f"{row.train_gpus} GPUs = {mfu:.1%} MFU over the whole update")
     lines.extend(f"REFUSED: {p}" for p in problems(phys))
     return lines
+
+
+def _train_reference_lines(phys: PhysicsConfig, acc: Accelerator) -> list[str]:
+    """The cited training measurement, carried to this accelerator, against the fitted scaling part."""
+    ref = phys.reference_train
+    if ref is None:
+        return []
+    measured_on = accelerator_named(ref.accelerator, field="simulator.physics.reference_train.accelerator")
+    ref_flops_per_token = ref.flops_per_param_token * ref.active_params_b * 1e9
+    ref_mfu = ref.tokens_per_s_per_gpu * ref_flops_per_token / (measured_on.bf16_tflops * 1e12)
+    low, high = (transferred_mfu(ref_mfu, measured_on=measured_on, target=acc, gemm_efficiency=e)
+                 for e in GEMM_EFFICIENCY_RANGE)
+    fitted = phys.train_mfu * ref.flops_per_param_token / phys.train_flops_per_param_token
+    if fitted < low:
+        verdict = "below it: a slower trainer than that measurement carried over"
+    elif fitted > high:
+        verdict = "above it: a faster trainer than that measurement carried over"
+    else:
+        verdict = "within it"
+    e_low, e_high = GEMM_EFFICIENCY_RANGE
+    basis = (f"{ref.flops_per_param_token:g} FLOPs per active parameter per token, "
+             f"{ref.active_params_b:g} B active")
+    published = (f"  published (trainer class): {ref.tokens_per_s_per_gpu:,.0f} tokens/s per GPU on "
+                 f"{measured_on.name} = {ref_mfu:.1%} MFU ({basis}): {ref.source}")
+    carried = (f"  carried to {acc.name} (its GEMMs at {e_low:.0%}-{e_high:.0%} of peak, the rest "
+               f"memory-bound): MFU {low:.1%}-{high:.1%}; this fit's scaling part in that basis: "
+               f"{fitted:.1%} ({verdict})")
+    return [published, carried]

@@ -10,12 +10,14 @@ from shared.sim_config import ModelShapeConfig, PhysicsConfig
 from sim.engine import Engine
 from sim.model import Replica, Request, Sample, Workload
 from sim.physics import (
+    ACCELERATORS,
     MAX_TRAIN_MFU,
     PhysicsError,
     check,
     decode_timing,
     physics_report,
     problems,
+    transferred_mfu,
     validation_s,
 )
 from sim.scenario import ReplicaTiming, WorkloadShape, load_scenario
@@ -149,3 +151,36 @@ def test_the_non_scaling_trainer_part_is_paid_per_optimizer_step_whatever_the_mi
     assert rb1.trainer.fixed_s_per_micro_step == pytest.approx(per_mini_batch)
     per_version_rb1 = 16 * rb1.trainer.fixed_s_per_micro_step
     assert per_version_rb1 == pytest.approx(4 * scenario.trainer.fixed_s_per_micro_step)
+
+
+def test_a_training_mfu_carried_to_an_accelerator_with_less_compute_per_byte_rises() -> None:
+    h100, h20 = ACCELERATORS["H100"], ACCELERATORS["H20"]
+    carried = transferred_mfu(0.33, measured_on=h100, target=h20, gemm_efficiency=0.7)
+    compute = 0.33 / 0.7  # the step's compute-bound share; the rest scales with the bandwidths
+    target_time = compute * 989.0 / 148.0 + (1 - compute) * 3.35 / 4.0
+    assert carried == pytest.approx(0.33 * 989.0 / 148.0 / target_time)
+    assert 0.33 < carried < 1.0
+
+
+def test_a_step_measured_as_all_compute_keeps_its_mfu_on_any_accelerator() -> None:
+    h100, h20 = ACCELERATORS["H100"], ACCELERATORS["H20"]
+    assert transferred_mfu(0.4, measured_on=h100, target=h20, gemm_efficiency=0.4) == pytest.approx(0.4)
+    assert transferred_mfu(0.4, measured_on=h100, target=h100, gemm_efficiency=0.7) == pytest.approx(0.4)
+
+
+def test_the_physics_report_places_the_fitted_mfu_against_the_cited_training_measurement() -> None:
+    reference = {"accelerator": "H100", "tokens_per_s_per_gpu": 12040.0, "active_params_b": 3.3,
+                 "source": "MoE 30B-A3B, 8x H100"}
+    slow = "\n".join(physics_report(phys(train_mfu=0.2, reference_train=reference), tp=4, max_running=256,
+                                    mean_context_tokens=2000))
+    assert "published (trainer class): 12,040 tokens/s per GPU on H100 = 24.1% MFU" in slow
+    assert "this fit's scaling part in that basis: 15.0% (below it" in slow
+    same_basis = phys(train_mfu=0.59, reference_train=reference, train_flops_per_param_token=6.0)
+    fast = "\n".join(physics_report(same_basis, tp=4, max_running=256, mean_context_tokens=2000))
+    assert "(within it)" in fast
+
+
+def test_a_training_measurement_on_an_unknown_accelerator_is_a_clear_error() -> None:
+    reference = {"accelerator": "TPU", "tokens_per_s_per_gpu": 9000.0, "active_params_b": 3.0, "source": "x"}
+    with pytest.raises(PhysicsError, match="reference_train.accelerator='TPU' is invalid"):
+        physics_report(phys(reference_train=reference), tp=4, max_running=256, mean_context_tokens=2000)
