@@ -10,9 +10,11 @@ the worst. Robustness target: never more than 1% slower than static. Three grids
 - `switch_costs`: the switch mechanics' costs (hybrid wake = sleep, the trainer's offload, the weight sync:
   a large model's switches take tens of seconds) at three trainer speeds;
 - `trigger`: the flow-control settings alone (staleness 0 / 0.25 / 0.5 / 1 x trigger 1 / 2 / 4 / 8), the
-  config's own trainer: a small trigger makes every cycle short against the switch and the latency.
+  config's own trainer: a small trigger makes every cycle short against the switch and the latency;
+- `shape`: the batch's shape, which no other grid moves: responses per prompt (n 4 / 16), mini-batches per
+  micro-step (require_batches 1 / 2), prompts per mini-batch (8 / 32), prompts per replica (8 / 32).
 
-Run: ``python -m bench.robustness_grid [--grid workload|switch_costs|trigger]
+Run: ``python -m bench.robustness_grid [--grid workload|switch_costs|trigger|shape]
 [--config configs/sim_16_16_adaptive.yaml ...] [--policy adaptive] [--prompts 1280|0] [--out FILE]``
 (`--config` repeats; a scenario file works too; each grid is 16-36 points x 2 runs, ~1 minute per config
 on a quiet machine).
@@ -39,6 +41,11 @@ WEIGHT_SYNC_S = (2.0, 20.0)
 SWITCH_TRAINER_S_PER_SAMPLE = (13.0, 26.0, 60.0)
 FLOW_STALENESS = (0.0, 0.25, 0.5, 1.0)
 FLOW_TRIGGER = (1, 2, 4, 8)
+SHAPE_N = (4, 16)
+SHAPE_REQUIRE_BATCHES = (1, 2)
+SHAPE_MINI_BATCH = (8, 32)
+SHAPE_SAMPLES_PER_REPLICA = (8, 32)
+GRIDS = ("workload", "switch_costs", "trigger", "shape")
 
 
 def grid(name: str) -> list[dict[str, Any]]:
@@ -49,6 +56,12 @@ def grid(name: str) -> list[dict[str, Any]]:
                  "trainer.time_per_sample_s": per_sample}
                 for wake_sleep, offload, sync, per_sample in itertools.product(
                     WAKE_SLEEP_S, OFFLOAD_S, WEIGHT_SYNC_S, SWITCH_TRAINER_S_PER_SAMPLE)]
+    if name == "shape":
+        return [{"data.n": n, "async_training.require_batches": batches,
+                 "trainer.ppo_mini_batch_size": mini_batch,
+                 "async_training.concurrent_samples_per_replica": per_replica}
+                for n, batches, mini_batch, per_replica in itertools.product(
+                    SHAPE_N, SHAPE_REQUIRE_BATCHES, SHAPE_MINI_BATCH, SHAPE_SAMPLES_PER_REPLICA)]
     if name == "trigger":
         return [{"async_training.staleness_threshold": staleness,
                  "async_training.trigger_parameter_sync_step": trigger}
@@ -70,7 +83,7 @@ def point(config: Path, policy: str, prompts: int, changes: dict[str, Any]) -> d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--grid", choices=("workload", "switch_costs", "trigger"), default="workload")
+    parser.add_argument("--grid", choices=GRIDS, default="workload")
     parser.add_argument("--config", type=Path, action="append", default=None,
                         help="a run config or scenario (repeat it; default the live adaptive config)")
     parser.add_argument("--policy", default="adaptive")
