@@ -7,6 +7,7 @@ Redis back without the run's state (no AOF): the run fails too, rather than star
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -15,13 +16,14 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 
 from bench.live_run import live_config, wait_for
 from services import launcher
 from services.cli import main
 from services.launcher import DUPLICATED, LOST
 from shared.liveness import LIVENESS
-from shared.names import AccountingField, RunStateField, RunStatus, SampleState
+from shared.names import AccountingField, Names, RunStateField, RunStatus, SampleState
 from shared.redis_client import BACKOFF_CAP_S, connect
 from shared.runtime import free_port
 from tests.conftest import RedisServer
@@ -41,6 +43,23 @@ def failed_summary(out: Path, *, flag: str, reason: str) -> dict[str, Any]:
     assert summary[RunStateField.STATUS] == RunStatus.FAILED and summary[flag] is True
     assert reason in summary[RunStateField.REASON]
     return summary
+
+
+def kill_after_micro_steps(server: RedisServer, config: Path, micro_steps: int,
+                           stop: threading.Event) -> None:
+    """SIGKILL `server` once the run of `config` has trained `micro_steps` micro-steps (mid-run however
+    fast the machine is), unless `stop` is set first."""
+    names = Names(yaml.safe_load(config.read_text())["run"]["namespace"])
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        while not stop.wait(0.05):
+            with contextlib.suppress(redis.RedisError):
+                state = {str(k): str(v) for k, v in client.hgetall(names.trainer_state).items()}
+                if launcher.micro_steps_done(state) >= micro_steps:
+                    server.kill()
+                    return
+    finally:
+        client.close()
 
 
 def test_a_run_survives_redis_killed_mid_run_and_trains_every_sample_once(tmp_path: Path) -> None:
@@ -136,13 +155,15 @@ def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_s
     server.start()
     config = live_config(tmp_path, time_scale=0.02, run={"redis_retry_window_s": 2.0})
     out = tmp_path / "run"
-    killer = threading.Timer(8.0, server.kill)  # mid-run: the run takes 15 s or more here
+    killed = threading.Event()
+    killer = threading.Thread(target=kill_after_micro_steps, args=(server, config, 4, killed), daemon=True)
     killer.start()
     try:
         code = main(["run", "--config", str(config), "--redis-url", server.url, "--out", str(out),
                      "--no-progress"])
     finally:
-        killer.cancel()
+        killed.set()
+        killer.join(timeout=5)
         server.stop()
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
