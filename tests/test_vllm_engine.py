@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -106,14 +107,24 @@ async def test_generate_returns_tokens_with_logprobs_matching_the_trainer_model(
 
 async def test_abort_returns_partial_tokens_that_resume_on_another_replica(engines, model_dirs) -> None:
     first, second = engines
+    # Abort a third of the way through, as timed on this machine: a fixed 0.5 s let a warm engine on a
+    # quiet machine finish all 8 first (0.4 s), while a cold one takes 1.8 s. So: one round to warm up,
+    # one timed round, then the round that is aborted.
+    full_s = 0.0
+    for round_ in ("warm", "timed"):
+        started_s = time.monotonic()
+        await asyncio.gather(*(first.generate(request_id=f"{round_}{i}", prompt_token_ids=PROMPT,
+                                              max_tokens=LONG) for i in range(8)))
+        full_s = time.monotonic() - started_s
     tasks = [
         asyncio.create_task(first.generate(request_id=f"a{i}", prompt_token_ids=PROMPT, max_tokens=LONG))
         for i in range(8)
     ]
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(full_s / 3)
     await first.abort_all()
     partials = await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
-    assert all(p.finish_reason is FinishReason.ABORT for p in partials)
+    ends = [(p.finish_reason, len(p.token_ids)) for p in partials]
+    assert all(p.finish_reason is FinishReason.ABORT for p in partials), ends
     cut = [p for p in partials if 0 < len(p.token_ids) < LONG]
     assert cut, [len(p.token_ids) for p in partials]
     partial = max(cut, key=lambda p: len(p.token_ids))
