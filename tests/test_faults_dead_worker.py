@@ -24,6 +24,8 @@ from shared.config import config_to_dict
 from shared.names import AccountingField, Names
 from shared.names import TrainerStateField as F
 from shared.peer_liveness import alive
+from shared.rpc import CommandClient, CommandFailed
+from shared.schema import CommandAction
 from shared.streams import connect
 from tests.stack import Stack, sim_config
 
@@ -202,3 +204,35 @@ async def test_a_worker_that_never_starts_delays_a_fresh_run_by_the_start_timeou
         await stack.close()
     _assert_trained_once(counts)
     assert 1.0 <= first_reply_after_s < 5.0
+
+
+@pytest.mark.parametrize(("published", "expected"), [
+    ("paused:2", ReplicaState.SERVING),  # awake before the crash: the activation's resume is legal
+    ("sleeping:2", None),  # asleep before the crash: a resume is refused, as it was then
+    ("bogus", None),  # unreadable: the fresh start's state
+])
+async def test_a_restarted_worker_takes_up_the_state_its_last_incarnation_published(
+        redis_server, published: str, expected: ReplicaState | None) -> None:
+    # A hybrid killed after its wake was acked used to come back asleep, refuse the activation's
+    # weight sync and resume, and the refusal stopped the controller.
+    config = sim_config()
+    stack = Stack(config, redis_server.url)
+    bus = stack.bus()
+    await bus.redis.hset(stack.names.replica_states, "hybrid_0", published)
+    engine = SimEngine(config=config, hybrid=True)
+    await engine.start()
+    worker = RolloutWorker(bus=stack.bus(), replica_id="hybrid_0", engine=engine,
+                           initial_state=ReplicaState.SLEEPING)
+    stack.tasks["hybrid_0"] = asyncio.create_task(worker.run(stack.stop))
+    rpc = CommandClient(bus, timeout_s=10, max_attempts=1)
+    await rpc.start()
+    try:
+        if expected is None:
+            with pytest.raises(CommandFailed, match="while sleeping"):
+                await rpc.call(stack.names.worker_commands("hybrid_0"), CommandAction.RESUME)
+        else:
+            ack = await rpc.call(stack.names.worker_commands("hybrid_0"), CommandAction.RESUME)
+            assert ack.ok and worker.state is expected
+    finally:
+        await stack.close()
+        await rpc.close()

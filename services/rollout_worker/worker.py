@@ -84,15 +84,17 @@ class RolloutWorker:
         self._sending = False
 
     async def run(self, stop: asyncio.Event) -> None:
-        """1. load the newest published weights; 2. a replica that starts SLEEPING (a hybrid) puts
-        its engine to sleep, so the trainer's GPU memory is free before any activation; 3. publish
-        the initial state; 4. serve commands, requests and heartbeats until `stop`; 5. abort
-        in-flight generations so their partial tokens go back to the rollouter. The heartbeat
+        """1. take up the state a previous incarnation published, if any, and load the newest
+        published weights; 2. a replica that starts SLEEPING (a hybrid) puts its engine to sleep,
+        so the trainer's GPU memory is free before any activation; 3. publish the initial state;
+        4. serve commands, requests and heartbeats until `stop`; 5. abort in-flight generations
+        so their partial tokens go back to the rollouter. The heartbeat
         beats from the start, so peers see a worker that dies in steps 1-2 gone within its TTL;
         one failing loop cancels the others and fails the process (shared.runtime.supervise)."""
         prefix = f"rollout_worker.{self.replica_id}"
 
         async def serve() -> None:
+            self.state = await self._restored_state()
             await self._catch_up()
             if self.state is ReplicaState.SLEEPING:
                 await self.engine.sleep()
@@ -111,6 +113,24 @@ class RolloutWorker:
                 await self.engine.abort_all()
                 if self._inflight:
                     await asyncio.wait(self._inflight, timeout=5.0)
+
+    async def _restored_state(self) -> ReplicaState:
+        """A worker restarted mid-run takes up the state its last incarnation published (the namespace
+        is fresh at each run's start, so a published state is this run's): the commands the controller
+        sent since are replayed from this replica's stream, and each is legal from there. Started in
+        `initial_state` instead, a hybrid killed after its wake was acked came back asleep, refused the
+        activation's weight sync and resume, and the refusal stopped the controller. A fresh start has
+        nothing published and keeps `initial_state`."""
+        raw = await self.bus.redis.hget(self.bus.names.replica_states, self.replica_id)  # type: ignore[misc]
+        if raw is None:
+            return self.state
+        try:
+            state = ReplicaState(text(raw).partition(":")[0])
+        except ValueError:
+            log.error("%s: unreadable published state %r; starts %s", self.replica_id, raw, self.state.value)
+            return self.state
+        log.info("%s: restarted mid-run, takes up its published state %s", self.replica_id, state.value)
+        return state
 
     async def _catch_up(self) -> None:
         """A replica (re)started mid-run loads the weights of the trainer's last sync, instead of
