@@ -6,15 +6,20 @@ every cycle, `fixed_ratio`), waits a random number of micro-steps, then SIGKILLs
 (controller, trainer, rollouter, load balancer, any rollout worker, Redis itself) at a random moment,
 once or twice (or, with `--hang-share`, SIGSTOPs some of them: hung, neither exiting nor answering);
 the launcher must restart them and the run must end DONE with `lost` 0 and `duplicated`
-0 and every fed sample trained. A trial that does not finish within `--timeout-s` is a failure, reported
-with its seed and the tail of each service log, so it can be replayed (`--seed`).
+0 and every fed sample trained, and no service the faults did not hit may have been restarted (a
+collateral crash: a peer's fault that stopped another service). A trial that does not finish within
+`--timeout-s` is a failure, reported with its seed and the tail of each service log (of each collateral
+crash's), so it can be replayed (`--seed`).
 
 The fault tests (tests/test_faults_*.py) each pin one injection; this draws many, including the ones
 nobody wrote a test for (a kill during a weight sync, during a switch, two services at once).
 
 Run: ``python -m bench.chaos [--trials 10] [--seed 0] [--time-scale 0.02] [--samples 256] [--hang-share 0.5]
-[--out FILE]``
-(~1 minute per trial on a quiet machine).
+[--policy fixed_ratio] [--set KEY=VALUE ...] [--out FILE]``
+(~1 minute per trial on a quiet machine). ``--policy`` and ``--set`` (dotted config keys) put other paths
+under the faults, e.g. the fast switch mechanics: ``--policy adaptive --set
+async_training.dynamic_schedule_fold_hybrid_sync=true --set async_training.dynamic_schedule_overlap_wake=true
+--set async_training.dynamic_schedule_overlap_sleep=true``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import write_result
+from bench import parse_sets, write_result
 from bench.live_run import live_config
 from services import launcher
 from services.launcher import DUPLICATED, LOST
@@ -53,13 +58,27 @@ def inject(job: launcher.Job, target: str, fault: str) -> None:
         os.kill(proc.pid, signal.SIGSTOP if fault == "hang" else signal.SIGKILL)
 
 
+def collateral_restarts(summary: dict[str, Any], faults: list[dict[str, Any]]) -> dict[str, int]:
+    """Services restarted (after a crash or a hang) that no fault hit: a peer's fault that made another
+    service exit is a bug even when the restart hides it (the run finishes, and the restart budget pays)."""
+    victims = {target for fault in faults for key, target in fault.items() if key in ("kill", "hang")}
+    restarted: dict[str, int] = {}
+    for kind in ("restarts", "hung_kills"):
+        for name, count in (summary.get(kind) or {}).items():
+            if name not in victims:
+                restarted[name] = restarted.get(name, 0) + count
+    return restarted
+
+
 def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
-              hang_share: float = 0.0) -> dict[str, Any]:
+              hang_share: float = 0.0, policy: str = "fixed_ratio",
+              changes: dict[str, Any] | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
         directory = Path(tmp)
-        config = live_config(directory, time_scale=time_scale, total_rollout_steps=samples,
-                             run={"loop_stale_s": HANG_STALE_S, "hung_grace_s": HANG_STALE_S / 2})
+        config = live_config(directory, time_scale=time_scale, total_rollout_steps=samples, policy=policy,
+                             run={"loop_stale_s": HANG_STALE_S, "hung_grace_s": HANG_STALE_S / 2},
+                             changes=changes)
         total = None
         faults: list[dict[str, Any]] = []
         started = time.monotonic()
@@ -86,12 +105,13 @@ def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
                 time.sleep(0.2)
             elapsed_s = time.monotonic() - started
             summary = job.summary(wall_time_s=elapsed_s, admin={}) if status is RunStatus.DONE else {}
-            logs = {} if status is RunStatus.DONE else {
-                name: launcher.log_tail(directory / "run" / "logs" / f"{name}.log") for name in job.procs}
+            collateral = collateral_restarts(summary, faults)
+            shown = collateral if status is RunStatus.DONE else job.procs
+            logs = {name: launcher.log_tail(directory / "run" / "logs" / f"{name}.log") for name in shown}
         counts = summary.get("samples", {})
         ok = (status is RunStatus.DONE and counts.get(LOST) == 0 and counts.get(DUPLICATED) == 0
-              and counts.get(AccountingField.FED) == samples)
-        return {"seed": seed, "ok": ok, "status": str(status), "faults": faults,
+              and counts.get(AccountingField.FED) == samples and not collateral)
+        return {"seed": seed, "ok": ok, "status": str(status), "faults": faults, "collateral": collateral,
                 "wall_s": round(elapsed_s, 1), "micro_steps": total, "samples": counts,
                 "restarts": summary.get("restarts"), "logs": logs}
 
@@ -105,15 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=240.0)
     parser.add_argument("--hang-share", type=float, default=0.0,
                         help="share of faults that SIGSTOP a service instead of killing it (not Redis)")
+    parser.add_argument("--policy", default="fixed_ratio", help="the trials' dynamic scheduling policy")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a dotted config key of the trials' config (repeatable)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    changes = parse_sets(args.set)
     results = []
     for k in range(args.trials):
         result = run_trial(args.seed + k, time_scale=args.time_scale, samples=args.samples,
-                           timeout_s=args.timeout_s, hang_share=args.hang_share)
+                           timeout_s=args.timeout_s, hang_share=args.hang_share, policy=args.policy,
+                           changes=changes)
         results.append(result)
+        collateral = f" collateral restarts {result['collateral']}" if result["collateral"] else ""
         print(f"seed {result['seed']}: {'ok  ' if result['ok'] else 'FAIL'} {result['status']} "
-              f"{result['wall_s']:6.1f}s faults {result['faults']} samples {result['samples']}", flush=True)
+              f"{result['wall_s']:6.1f}s faults {result['faults']} samples {result['samples']}{collateral}",
+              flush=True)
         for name, tail in result["logs"].items():
             print(f"--- {name}\n{tail}")
     failed = [r["seed"] for r in results if not r["ok"]]

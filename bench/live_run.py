@@ -16,14 +16,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def live_config(tmp_path: Path, *, time_scale: float, policy: str = "fixed_ratio",
-                total_rollout_steps: int = 384, run: dict[str, Any] | None = None) -> Path:
+                total_rollout_steps: int = 384, run: dict[str, Any] | None = None,
+                changes: dict[str, Any] | None = None) -> Path:
     """configs/sim_small.yaml at `time_scale` (0.02 there: ~15 s), switching every cycle by default;
-    `run` overrides keys of its run section."""
+    `run` overrides keys of its run section, `changes` any dotted key (`async_training.require_batches`)."""
     data: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "sim_small.yaml").read_text())
     data["run"].update(time_scale=time_scale, namespace=f"live{time.monotonic_ns()}", admin_port=0,
                        **(run or {}))
     data["data"]["total_rollout_steps"] = total_rollout_steps
     data["async_training"]["dynamic_schedule_policy"] = policy
+    for key, value in (changes or {}).items():
+        *sections, leaf = key.split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = value
     path = tmp_path / "live.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
