@@ -82,8 +82,10 @@ def run_variant(variant: tuple[str, dict[str, Any], bool]) -> dict[str, Any]:
 
 def gain_vs_best_static(scenario: Scenario, *, policy: str = "adaptive") -> dict[str, Any]:
     """The planner's sweep of plain fully-async and `policy` with the fast mechanics over every split:
-    the best of each, and the best dynamic split's time against the best static split's."""
-    rows = plan(scenario.with_changes(MECHANICS["fast"]), policies=("static", policy), workers=1)
+    the best of each, and the best dynamic split's time against the best static split's, at the config's
+    own concurrency (the priors' table; the concurrency is a knob, not a prior: docs/scheduling.md)."""
+    rows = plan(scenario.with_changes(MECHANICS["fast"]), policies=("static", policy), workers=1,
+                concurrency=(1.0,))
     static_h = {f"{r.train_gpus}:{r.rollout_gpus}": r.wall_h for r in rows if r.policy == "static"}
     dynamic_h = {f"{r.train_gpus}:{r.rollout_gpus}": r.wall_h for r in rows if r.policy == policy}
     best_static = min(static_h, key=static_h.__getitem__)

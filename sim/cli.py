@@ -7,7 +7,7 @@ standalone. This module only parses arguments, calls ``sim.run`` /
 
     simulate --config FILE [--policy NAME] [--split T:R] [--compare T:R,...]
              [--policy-module MOD] [--prompts N] [--out DIR] [--json]
-    plan     --config FILE [--policy-module MOD] [--prompts N] [--workers K]
+    plan     --config FILE [--policy-module MOD] [--prompts N] [--workers K] [--concurrency 1,2]
 
 FILE is a run config, the same file `dynsched run` takes (configs/*.yaml, or the
 planning scenarios in scenarios/*.yaml); ``--scenario`` is an alias of ``--config``.
@@ -24,7 +24,7 @@ from typing import Any
 from policies import load_policy_module, registered_policies
 from policies.check import check_policy
 from shared.config import ConfigError, load_config
-from sim.plan import format_table, plan, recommend
+from sim.plan import DEFAULT_CONCURRENCY, format_table, plan, recommend
 from sim.result import SimResult
 from sim.run import simulate
 from sim.scenario import Scenario
@@ -36,6 +36,17 @@ def parse_split(text: str) -> tuple[int, int]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"split must look like T:R (e.g. 16:16), got {text!r}") from exc
     return train, rollout
+
+
+def parse_multiples(text: str) -> tuple[float, ...]:
+    error = f"concurrency must be positive numbers like 1,1.5,2, got {text!r}"
+    try:
+        multiples = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(error) from exc
+    if not multiples or any(m <= 0 for m in multiples):
+        raise argparse.ArgumentTypeError(error)
+    return multiples
 
 
 def _load(args: argparse.Namespace) -> Scenario:
@@ -116,13 +127,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     scenario = _load(args)
-    rows = plan(scenario, policy_modules=tuple(args.policy_module), workers=args.workers)
+    rows = plan(scenario, policy_modules=tuple(args.policy_module), workers=args.workers,
+                concurrency=args.concurrency)
     best = recommend(rows)
     print(f"config {scenario.name}: {scenario.cluster.total_gpus} GPUs, "
           f"{scenario.async_training.total_rollout_steps} prompts")
     print(format_table(rows, recommended=best))
     kind = "plain fully-async" if best.policy == "static" else f"dynamic scheduling, policy {best.policy!r}"
-    print(f"recommended: {best.train_gpus} train + {best.rollout_gpus} rollout GPUs, {kind} "
+    print(f"recommended: {best.train_gpus} train + {best.rollout_gpus} rollout GPUs, {kind}, "
+          f"concurrent_samples_per_replica {best.concurrency} "
           f"({best.wall_h:.3f} h, {best.bound_ratio:.2f}x the ideal bound)")
     return 0
 
@@ -149,6 +162,9 @@ def add_subcommands(subparsers: Any) -> None:
     pl = subparsers.add_parser("plan", help="rank train/rollout splits x policies by simulated wall time")
     _common(pl)
     pl.add_argument("--workers", type=int, default=None, help="parallel simulations (default: CPU count)")
+    pl.add_argument("--concurrency", type=parse_multiples, default=DEFAULT_CONCURRENCY,
+                    help="multiples of the config's concurrent_samples_per_replica to try, e.g. 1,1.5,2 "
+                         "(default 1,2)")
     pl.set_defaults(handler=cmd_plan)
 
 

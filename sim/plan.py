@@ -7,6 +7,15 @@ policies included, once their module is loaded), in parallel processes, and
 ranks the runs. The recommendation is the fastest run; a dynamic policy is
 only recommended over the best static split when it is faster by more than
 ``min_gain`` (a small modelled gain is not worth a mode switch per step).
+
+Each (split, policy) also runs at every multiple of the config's
+``concurrent_samples_per_replica`` given (``--concurrency``, default 1 and 2):
+samples in flight per replica beyond the engine's running cap keep its batch
+full while a group's short responses finish before its long ones. On the seed
+scenario that alone beats every dynamic policy (docs/scheduling.md, "Which to
+pick"), so a static baseline at the configured concurrency only is not the best
+static split. More samples in flight means older samples trained (within the
+staleness limit): a trade-off a user weighs, which the ranking does not.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ class PlanRow:
     train_gpus: int
     rollout_gpus: int
     policy: str
+    concurrency: int
+    """`concurrent_samples_per_replica` of the run."""
     wall_h: float
     bound_ratio: float
     activations: int
@@ -49,26 +60,43 @@ def _policies(policy_modules: tuple[str, ...]) -> list[str]:
     return ["static", *(n for n in names if n != "static_fully_async")]
 
 
-def _run_one(job: tuple[Scenario, int, int, str, tuple[str, ...]]) -> PlanRow:
-    scenario, train, rollout, policy, modules = job
+def concurrencies(scenario: Scenario, multiples: tuple[float, ...]) -> list[int]:
+    """The distinct `concurrent_samples_per_replica` values: the config's times each multiple (at least 1)."""
+    if not multiples or any(m <= 0 for m in multiples):
+        raise ValueError(f"concurrency multiples must be positive, got {multiples}")
+    configured = scenario.config.async_training.concurrent_samples_per_replica
+    return sorted({max(1, round(configured * m)) for m in multiples})
+
+
+def _run_one(job: tuple[Scenario, int, int, str, int, tuple[str, ...]]) -> PlanRow:
+    scenario, train, rollout, policy, concurrency, modules = job
     for module in modules:  # worker processes need the user's registrations too
         load_policy_module(module)
-    res = simulate(scenario.with_split(train, rollout, policy=policy))
-    return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, wall_h=res.wall_s / 3600.0,
+    run = scenario.with_changes({"async_training.concurrent_samples_per_replica": concurrency})
+    res = simulate(run.with_split(train, rollout, policy=policy))
+    return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, concurrency=concurrency,
+                   wall_h=res.wall_s / 3600.0,
                    bound_ratio=res.bound_ratio, activations=res.activations,
                    mean_mq_size=res.mean_mq_size())
 
 
+DEFAULT_CONCURRENCY = (1.0, 2.0)
+"""Multiples of the config's `concurrent_samples_per_replica` the planner tries by default."""
+
+
 def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: int | None = None,
-         policies: tuple[str, ...] = ()) -> list[PlanRow]:
-    """Every (split, policy) run, fastest first; `policies` (default: static and every registered one)
-    narrows the sweep. Splits with no rollout GPUs only run dynamic policies."""
+         policies: tuple[str, ...] = (),
+         concurrency: tuple[float, ...] = DEFAULT_CONCURRENCY) -> list[PlanRow]:
+    """Every (split, policy, concurrency) run, fastest first; `policies` (default: static and every
+    registered one) narrows the sweep, `concurrency` gives the multiples of the config's samples in
+    flight per replica. Splits with no rollout GPUs only run dynamic policies."""
     jobs = []
     for train, rollout in splits(scenario):
         for policy in policies or _policies(policy_modules):
             if rollout == 0 and policy == "static":
                 continue
-            jobs.append((scenario, train, rollout, policy, policy_modules))
+            for samples in concurrencies(scenario, concurrency):
+                jobs.append((scenario, train, rollout, policy, samples, policy_modules))
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         rows = [_run_one(job) for job in jobs]
@@ -87,15 +115,17 @@ def recommend(rows: list[PlanRow], *, min_gain: float = 0.02) -> PlanRow:
 
 
 def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
-    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'wall h':>7} {'x bound':>7} {'activ.':>6} "
-             f"{'mean mq':>7}"]
+    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'conc.':>5} {'wall h':>7} {'x bound':>7} "
+             f"{'activ.':>6} {'mean mq':>7}"]
     for i, r in enumerate(rows, 1):
         mark = "  <- recommended" if r == recommended else ""
-        lines.append(f"{i:>4}  {r.train_gpus:>4}:{r.rollout_gpus:<4}  {r.policy:<20} {r.wall_h:>7.3f} "
+        lines.append(f"{i:>4}  {r.train_gpus:>4}:{r.rollout_gpus:<4}  {r.policy:<20} {r.concurrency:>5} "
+                     f"{r.wall_h:>7.3f} "
                      f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f}{mark}")
     return "\n".join([*lines, PLAN_LEGEND])
 
 
-PLAN_LEGEND = ("wall h: simulated training time; x bound: wall time / the ideal bound (every GPU busy "
+PLAN_LEGEND = ("conc.: async_training.concurrent_samples_per_replica (samples in flight per replica); "
+               "wall h: simulated training time;\nx bound: wall time / the ideal bound (every GPU busy "
                "all the time, 1.00 = unbeatable);\nactiv.: hybrid activations; mean mq: MessageQueue size "
                "after each sync cycle's last micro-step, averaged over cycles (mq_size.png)")

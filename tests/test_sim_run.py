@@ -102,3 +102,22 @@ def test_cli_plan_ranks_splits_and_policies(capsys: pytest.CaptureFixture[str]) 
     assert cli_main(["plan", "--scenario", path, "--prompts", "256", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "recommended:" in out and "fixed_ratio" in out and "24:8" in out
+
+
+def test_cli_plan_tries_each_concurrency_multiple_and_names_the_recommended_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(SCENARIOS / "small_production_bound.yaml")
+    args = ["plan", "--scenario", path, "--prompts", "128", "--workers", "1", "--concurrency", "1,2"]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    configured = load_scenario(path).config.async_training.concurrent_samples_per_replica
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("1 ", "2 ", "3 "))]
+    assert {row[3] for row in rows} <= {str(configured), str(2 * configured)}
+    assert "concurrent_samples_per_replica" in out.splitlines()[-1]
+
+
+def test_plan_refuses_a_concurrency_multiple_that_is_not_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(SCENARIOS / "small_production_bound.yaml")
+    with pytest.raises(SystemExit):
+        cli_main(["plan", "--scenario", path, "--concurrency", "1,0"])
+    assert "concurrency must be positive" in capsys.readouterr().err
