@@ -19,8 +19,9 @@ For one config on its own split it simulates, over several seeds,
 Each row is the mean over the seeds of wall time against static on the same seed.
 
 Run: ``python -m bench.schedule_ceiling [--config FILE] [--policy adaptive] [--seeds 3]
-[--prompts N] [--free-switches] [--set KEY=VALUE ...] [--out FILE]`` (~2 min for a 40-version
-sim config on 2 cores; the seed scenario takes ~9 s per run, so give it `--seeds 1`).
+[--prompts N] [--free-switches] [--table] [--set KEY=VALUE ...] [--out FILE]`` (~2 min for a 40-version
+sim config on 2 cores; the seed scenario takes ~4 s per run, so give it `--seeds 1`). ``--table`` prints
+every schedule's mean, so the shape around the best shows (a sharp optimum is a hindsight pick).
 """
 
 from __future__ import annotations
@@ -87,14 +88,26 @@ def mean_vs_static(base: Scenario, policy: str, seeds: list[int], static_s: list
 def ceiling(base: Scenario, *, policy: str, seeds: list[int], free_switches: bool) -> dict[str, Any]:
     static_s = [simulate(base.with_changes({"run.seed": s}).with_policy("static")).wall_s for s in seeds]
     rows = {"policy": mean_vs_static(base, policy, seeds, static_s, {})}
+    grids: dict[str, list[dict[str, Any]]] = {}
     variants = {"as configured": {}, **({"free switches": FREE_SWITCHES} if free_switches else {})}
     for label, changes in variants.items():
         grid = [mean_vs_static(base, threshold_policy(a, x), seeds, static_s, changes)
                 for a, x in itertools.product(ACTIVATE_BELOW, DEACTIVATE_AT)]
+        grids[label] = grid
         rows[f"best fixed schedule, {label}"] = min(grid, key=lambda row: row["vs_static"])
         if free_switches and not changes:
             rows["policy, free switches"] = mean_vs_static(base, policy, seeds, static_s, FREE_SWITCHES)
-    return {"static_s": static_s, "rows": rows}
+    return {"static_s": static_s, "rows": rows, "grids": grids}
+
+
+def format_grid(grid: list[dict[str, Any]]) -> str:
+    """Every schedule's mean against static: one row per A, one column per X (multiples of required)."""
+    lines = ["  A \\ X   " + " ".join(f"{x:>7g}" for x in DEACTIVATE_AT)]
+    for index, activate_below in enumerate(ACTIVATE_BELOW):
+        row = grid[index * len(DEACTIVATE_AT):(index + 1) * len(DEACTIVATE_AT)]
+        label = "always" if activate_below == float("inf") else f"{activate_below:g}"
+        lines.append(f"  {label:<8} " + " ".join(f"{100 * r['vs_static']:+6.1f}%" for r in row))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=0, help="total_rollout_steps (0: the config's)")
     parser.add_argument("--free-switches", action="store_true")
+    parser.add_argument("--table", action="store_true",
+                        help="print every schedule of the grid, not only the best")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -122,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:<36} {row['policy']:<28} {100 * row['vs_static']:+6.1f}% vs static "
               f"({', '.join(f'{100 * r:+.1f}' for r in row['per_seed'])}), "
               f"{row['activations']:.1f} activations")
+    for label, grid in result["grids"].items() if args.table else ():
+        print(f"every fixed schedule, {label} (mean vs static; A: activate below A x required queued, "
+              f"X: deactivate at X x required):\n{format_grid(grid)}")
     write_result(args.out, {"config": str(args.config), "prompts": base.config.data.total_rollout_steps,
                             "seeds": seeds, **result})
     return 0

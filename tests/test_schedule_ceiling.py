@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.schedule_ceiling import ACTIVATE_BELOW, DEACTIVATE_AT, ceiling, threshold_policy
+from bench.schedule_ceiling import ACTIVATE_BELOW, DEACTIVATE_AT, ceiling, format_grid, threshold_policy
 from sim.run import simulate
 from sim.scenario import load_scenario
 
@@ -38,3 +38,13 @@ def test_the_best_fixed_schedule_is_the_fastest_grid_point_and_free_switches_cos
     assert rows["best fixed schedule, free switches"]["vs_static"] <= best["vs_static"] + 0.01
     assert set(rows) == {"policy", "policy, free switches", "best fixed schedule, as configured",
                          "best fixed schedule, free switches"}
+
+
+def test_the_grid_table_has_a_row_per_activation_threshold_and_a_column_per_deactivation_threshold() -> None:
+    grid = [{"vs_static": index / 1000} for index in range(len(ACTIVATE_BELOW) * len(DEACTIVATE_AT))]
+    lines = format_grid(grid).splitlines()
+    assert len(lines) == 1 + len(ACTIVATE_BELOW)
+    assert lines[1].split()[0] == "1" and lines[-1].split()[0] == "always"
+    second_row = lines[2].split()[1:]
+    assert second_row[0] == f"{100 * len(DEACTIVATE_AT) / 1000:+.1f}%"  # A 1.5, X 0: the 7th point
+    assert len(second_row) == len(DEACTIVATE_AT)
