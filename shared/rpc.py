@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 LEASE_POLL_S = 0.25
 """How often a call checks the peer's lease while it waits for the ack."""
 READ_RETRY_S = 0.5
+ACK_BLOCK_MS = 500
+"""How long one read of the ack stream blocks: also how late a closed client's reader stops."""
 
 
 class CommandFailed(RuntimeError):
@@ -58,6 +60,7 @@ class CommandClient:
         self.max_attempts = max_attempts
         self._waiting: dict[str, asyncio.Future[CommandAck]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._closed = False
 
     async def start(self) -> None:
         """Read acks from the current end of the stream (older acks belong to earlier commands)."""
@@ -66,7 +69,11 @@ class CommandClient:
         self._reader = asyncio.create_task(self._read_acks(last_id))
 
     async def close(self) -> None:
-        """Stop the ack reader and wait until it has (so the client can be closed after this)."""
+        """Stop the ack reader and wait until it has (so the client can be closed after this). The
+        reader also stops at its next read's end (within ACK_BLOCK_MS): redis-py can swallow a cancel
+        that lands in a blocking XREAD (it reconnects and reads again), and the reader then ran on for
+        ever, so `close` never returned (seen in a test with a worker serving on another client)."""
+        self._closed = True
         if self._reader:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -140,9 +147,9 @@ class CommandClient:
     async def _read_acks(self, last_id: str) -> None:
         stream = self.bus.names.controller_acks
         reader = self.bus.redis
-        while True:
+        while not self._closed:
             try:
-                reply: Any = await reader.xread({stream: last_id}, count=256, block=500)
+                reply: Any = await reader.xread({stream: last_id}, count=256, block=ACK_BLOCK_MS)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("reading %s failed (%r); retrying in %.1fs", stream, exc, READ_RETRY_S)
                 await asyncio.sleep(READ_RETRY_S)

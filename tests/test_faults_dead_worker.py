@@ -234,5 +234,27 @@ async def test_a_restarted_worker_takes_up_the_state_its_last_incarnation_publis
             ack = await rpc.call(stack.names.worker_commands("hybrid_0"), CommandAction.RESUME)
             assert ack.ok and worker.state is expected
     finally:
-        await stack.close()
         await rpc.close()
+        await stack.close()
+
+
+async def test_a_command_client_closed_after_a_call_stops_its_reader_within_a_second(redis_server) -> None:
+    # redis-py swallowed the cancel of the reader's blocking XREAD here (it read again), and close()
+    # waited for ever; the reader now also stops at its next read's end.
+    config = sim_config()
+    stack = Stack(config, redis_server.url)
+    engine = SimEngine(config=config, hybrid=True)
+    await engine.start()
+    worker = RolloutWorker(bus=stack.bus(), replica_id="hybrid_0", engine=engine,
+                           initial_state=ReplicaState.SLEEPING)
+    stack.tasks["hybrid_0"] = asyncio.create_task(worker.run(stack.stop))
+    rpc = CommandClient(stack.bus(), timeout_s=10, max_attempts=1)
+    await rpc.start()
+    try:
+        await rpc.call(stack.names.worker_commands("hybrid_0"), CommandAction.WAKE)
+        started = time.monotonic()
+        async with asyncio.timeout(5):
+            await rpc.close()
+        assert time.monotonic() - started < 1.5
+    finally:
+        await stack.close()
