@@ -71,8 +71,8 @@ class CommandClient:
     async def close(self) -> None:
         """Stop the ack reader and wait until it has (so the client can be closed after this). The
         reader also stops at its next read's end (within ACK_BLOCK_MS): redis-py can swallow a cancel
-        that lands in a blocking XREAD (it reconnects and reads again), and the reader then ran on for
-        ever, so `close` never returned (seen in a test with a worker serving on another client)."""
+        that lands in a blocking XREAD (redis/redis-py#2028), and the reader then ran on for ever, so
+        `close` never returned (seen in a test with a worker serving on another client)."""
         self._closed = True
         if self._reader:
             self._reader.cancel()
