@@ -12,9 +12,11 @@ the worst. Robustness target: never more than 1% slower than static. Three grids
 - `trigger`: the flow-control settings alone (staleness 0 / 0.25 / 0.5 / 1 x trigger 1 / 2 / 4 / 8), the
   config's own trainer: a small trigger makes every cycle short against the switch and the latency;
 - `shape`: the batch's shape, which no other grid moves: responses per prompt (n 4 / 16), mini-batches per
-  micro-step (require_batches 1 / 2), prompts per mini-batch (8 / 32), prompts per replica (8 / 32).
+  micro-step (require_batches 1 / 2), prompts per mini-batch (8 / 32), prompts per replica (8 / 32);
+- `concurrency`: the samples in flight per replica (8 to 48) at three trainer speeds: past the engine's
+  running cap the standalones' batches stay full, and the hybrids have less idle capacity to fill.
 
-Run: ``python -m bench.robustness_grid [--grid workload|switch_costs|trigger|shape]
+Run: ``python -m bench.robustness_grid [--grid workload|switch_costs|trigger|shape|concurrency]
 [--config configs/sim_16_16_adaptive.yaml ...] [--policy adaptive] [--prompts 1280|0] [--out FILE]``
 (`--config` repeats; a scenario file works too; each grid is 16-36 points x 2 runs, ~1 minute per config
 on a quiet machine).
@@ -45,7 +47,9 @@ SHAPE_N = (4, 16)
 SHAPE_REQUIRE_BATCHES = (1, 2)
 SHAPE_MINI_BATCH = (8, 32)
 SHAPE_SAMPLES_PER_REPLICA = (8, 32)
-GRIDS = ("workload", "switch_costs", "trigger", "shape")
+CONCURRENCY_SAMPLES_PER_REPLICA = (8, 12, 16, 20, 24, 32, 48)
+CONCURRENCY_TRAINER_S_PER_SAMPLE = (13.0, 26.0, 60.0)
+GRIDS = ("workload", "switch_costs", "trigger", "shape", "concurrency")
 
 
 def grid(name: str) -> list[dict[str, Any]]:
@@ -62,6 +66,11 @@ def grid(name: str) -> list[dict[str, Any]]:
                  "async_training.concurrent_samples_per_replica": per_replica}
                 for n, batches, mini_batch, per_replica in itertools.product(
                     SHAPE_N, SHAPE_REQUIRE_BATCHES, SHAPE_MINI_BATCH, SHAPE_SAMPLES_PER_REPLICA)]
+    if name == "concurrency":
+        return [{"async_training.concurrent_samples_per_replica": per_replica,
+                 "trainer.time_per_sample_s": per_sample}
+                for per_replica, per_sample in itertools.product(
+                    CONCURRENCY_SAMPLES_PER_REPLICA, CONCURRENCY_TRAINER_S_PER_SAMPLE)]
     if name == "trigger":
         return [{"async_training.staleness_threshold": staleness,
                  "async_training.trigger_parameter_sync_step": trigger}

@@ -13,7 +13,8 @@ CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim_16_16_adaptiv
 
 
 @pytest.mark.parametrize(("name", "size"),
-                         [("workload", 36), ("switch_costs", 36), ("trigger", 16), ("shape", 16)])
+                         [("workload", 36), ("switch_costs", 36), ("trigger", 16), ("shape", 16),
+                          ("concurrency", 21)])
 def test_every_point_of_a_grid_is_a_valid_change_of_the_config(name: str, size: int) -> None:
     points = grid(name)
     assert len(points) == size and len({tuple(sorted(p.items())) for p in points}) == size
