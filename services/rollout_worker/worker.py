@@ -88,9 +88,9 @@ class RolloutWorker:
         published weights; 2. a replica that starts SLEEPING (a hybrid) puts its engine to sleep,
         so the trainer's GPU memory is free before any activation; 3. publish the initial state;
         4. serve commands, requests and heartbeats until `stop`; 5. abort in-flight generations
-        so their partial tokens go back to the rollouter. The heartbeat
-        beats from the start, so peers see a worker that dies in steps 1-2 gone within its TTL;
-        one failing loop cancels the others and fails the process (shared.runtime.supervise)."""
+        so their partial tokens go back to the rollouter. The heartbeat beats from the start, so
+        peers see a worker that dies in steps 1-2 gone within its TTL; one failing loop cancels
+        the others and fails the process (shared.runtime.supervise)."""
         prefix = f"rollout_worker.{self.replica_id}"
 
         async def serve() -> None:
