@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from services import launcher
+from shared.config import config_from_dict, config_to_dict, replace_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,14 +26,9 @@ def live_config(tmp_path: Path, *, time_scale: float, policy: str = "fixed_ratio
                        **(run or {}))
     data["data"]["total_rollout_steps"] = total_rollout_steps
     data["async_training"]["dynamic_schedule_policy"] = policy
-    for key, value in (changes or {}).items():
-        *sections, leaf = key.split(".")
-        node = data
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = value
+    config = replace_config(config_from_dict(data), changes or {})  # an unknown key is a ConfigError
     path = tmp_path / "live.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump(config_to_dict(config)))
     return path
 
 

@@ -13,8 +13,8 @@ Each (split, policy) also runs at every multiple of the config's
 samples in flight per replica beyond the engine's running cap keep its batch
 full while a group's short responses finish before its long ones. On the seed
 scenario that alone beats every run that switches (docs/scheduling.md, "First,
-the samples in flight"), so a static baseline at the configured concurrency only is not the best
-static split. More samples in flight means older samples trained (within the
+the samples in flight"), so a static baseline at the configured concurrency
+only is not the best static split. More samples in flight means older samples trained (within the
 staleness limit): a trade-off a user weighs, which the ranking does not.
 """
 

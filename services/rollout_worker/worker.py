@@ -121,7 +121,7 @@ class RolloutWorker:
         `initial_state` instead, a hybrid killed after its wake was acked came back asleep, refused the
         activation's weight sync and resume, and the refusal stopped the controller. A fresh start has
         nothing published and keeps `initial_state`."""
-        raw = await self.bus.redis.hget(self.bus.names.replica_states, self.replica_id)  # type: ignore[misc]
+        raw = await self.bus.redis.hget(self.bus.names.replica_states, self.replica_id)
         if raw is None:
             return self.state
         try:
