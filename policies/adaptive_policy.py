@@ -33,8 +33,12 @@ predicted, and the moving average of the error (one per decision kind, stay or a
 queue at the sync: it cannot feed the first micro-step, it feeds one, it feeds more) corrects the next
 comparisons of that kind at that level; a cycle straying past OUTLIER_SIGMAS standard deviations (a version
 waiting for one very long response) counts as that far, and its first wait is not pooled. A level not
-measured yet is not corrected: an error does not carry over from another level, where the rollouter's
-staleness limit and the samples in flight differ. A model whose switches measured worse than predicted
+measured yet takes no stay correction from another level, where the rollouter's staleness limit and the
+samples in flight differ; an activation there takes the least extra cost the switches measured at the other
+levels (none if any measured as predicted or better): what a switch costs beyond the model at every level
+it was tried is not assumed away at the next one. A correction measured once has no spread yet; its own
+size stands in for it until a second cycle of that kind and level measures one. A model whose switches
+measured worse than predicted
 falls back to static behaviour, and re-measures one switch every RETRY_EVERY cycles kept asleep only by
 that correction; symmetrically, after FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays
 asleep once, so the static prediction is measured too. It never activates when the queue already holds the
@@ -125,6 +129,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         average of (measured - predicted) trainer idle over its cycles."""
         self.idle_error_var_by_level: dict[str, float] = {}
         """Per "kind@level": moving variance of the same errors (how far one cycle strays from the mean)."""
+        self.idle_error_count_by_level: dict[str, int] = {}
+        """Per "kind@level": cycles measured (a correction measured once has no variance of its own)."""
         self.static_first_fill = [0.0, 0.0]
         """[samples, seconds], decayed sums over the first micro-step's waits in cycles kept asleep (the
         queue filling right after the sync with the standalones alone: the hybrid window's counterpart);
@@ -288,6 +294,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         error = measured - self.predicted_idle_s
         self.idle_bias_cycles[kind] += 1
         key = f"{kind}@{self.predicted_level}"
+        self.idle_error_count_by_level[key] = self.idle_error_count_by_level.get(key, 0) + 1
         level_bias = self.idle_bias_by_level.get(key)
         outlier = False
         if level_bias is None:
@@ -316,17 +323,35 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return samples / seconds if samples >= ctx.required_samples and seconds > 0 else 0.0
 
     def _bias_uncertainty_s(self, level: int) -> float:
-        """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured)."""
-        variance = sum(self.idle_error_var_by_level.get(f"{kind}@{level}", 0.0)
-                       for kind in ("stay", "activate"))
+        """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured).
+        A correction measured once has no variance yet: its own size stands in for the spread (one cycle
+        that erred by e says the error is e give or take e), so a single far-off cycle cannot alone turn
+        a small uncorrected loss into a switch."""
+        variance = 0.0
+        for kind in ("stay", "activate"):
+            key = f"{kind}@{level}"
+            if key not in self.idle_bias_by_level:
+                continue
+            if self.idle_error_count_by_level.get(key, 2) == 1:
+                variance += self.idle_bias_by_level[key] ** 2
+            else:
+                variance += self.idle_error_var_by_level.get(key, 0.0)
         return UNCERTAINTY_Z * standard_error(variance, weight=BIAS_EWMA)
 
     def _idle_bias(self, kind: str, level: int) -> float:
         """The model's measured error for a decision of `kind` at queue `level`: that level's moving
-        average, or 0 (the uncorrected model) while that level has not been measured. An error does not
-        carry over to another level: a stay right after a switch (a full queue, the rollouter held at its
-        staleness limit) idles more than the model says, a stay at an empty queue less."""
-        return self.idle_bias_by_level.get(f"{kind}@{level}", 0.0)
+        average. A level not measured yet: for a stay 0 (the uncorrected model): a stay's error does not
+        carry over to another level, since a stay right after a switch (a full queue, the rollouter held at
+        its staleness limit) idles more than the model says, a stay at an empty queue less. For an
+        activation, the least error measured at the other levels, floored at 0: a switch that cost more
+        than the model says wherever it was tried (a hybrid window shorter than a fresh replica's first
+        samples take, at a high concurrency) costs at least that much more at a level it has not been
+        tried at; one that measured as predicted anywhere leaves the model as it is."""
+        own = self.idle_bias_by_level.get(f"{kind}@{level}")
+        if own is not None or kind == "stay":
+            return own or 0.0
+        others = [bias for key, bias in self.idle_bias_by_level.items() if key.startswith("activate@")]
+        return max(0.0, min(others)) if others else 0.0
 
     # ---- the model (pure helpers) ----
 

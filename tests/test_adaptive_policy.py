@@ -438,3 +438,37 @@ def test_errors_that_stray_far_from_their_mean_keep_a_small_corrected_gain_from_
     assert steady.should_activate_after_step(8, False, production_bound()) is True
     assert noisy.should_activate_after_step(8, False, production_bound()) is False
     assert noisy.last_decision["uncertainty_s"] > gain
+
+
+def test_an_activation_at_a_queue_level_not_tried_yet_takes_the_least_extra_cost_measured_at_the_others():
+    policy = make_adaptive()
+    _activate_and_sync(policy)  # at level 0
+    ctx = production_bound()
+    ctx.last_deactivate_wait_s = 60.0  # the level-0 activation measured far worse than predicted
+    policy.should_activate_after_step(12, False, ctx)
+    level_0_error = policy.idle_bias_by_level["activate@0"]
+    policy.predicted_idle_s = -1.0
+    assert policy.should_activate_after_step(16, False, production_bound(surplus=20)) is False
+    assert policy.last_decision["queue_level"] == 1
+    assert policy.last_decision["idle_bias_s"]["activate"] == pytest.approx(level_0_error)
+    assert policy.last_decision["idle_bias_s"]["stay"] == 0.0  # a stay's error never carries over
+
+
+def test_a_switch_measured_as_predicted_at_one_level_leaves_an_untried_level_uncorrected():
+    policy = make_adaptive()
+    policy.idle_bias_by_level.update({"activate@0": 50.0, "activate@2": -5.0})
+    policy.idle_error_count_by_level.update({"activate@0": 3, "activate@2": 3})
+    policy.should_activate_after_step(8, False, production_bound(surplus=20))
+    assert policy.last_decision["queue_level"] == 1
+    assert policy.last_decision["idle_bias_s"]["activate"] == 0.0
+
+
+def test_a_correction_measured_once_counts_its_own_size_as_its_uncertainty():
+    once, thrice = make_adaptive(), make_adaptive()
+    for policy, count in ((once, 1), (thrice, 3)):
+        policy.idle_bias_by_level["activate@0"], policy.idle_error_var_by_level["activate@0"] = 20.0, 0.0
+        policy.idle_error_count_by_level["activate@0"] = count
+        policy.should_activate_after_step(8, False, production_bound())
+    expected = standard_error(20.0 ** 2, weight=0.3)
+    assert once.last_decision["uncertainty_s"] == pytest.approx(expected, abs=1e-3)
+    assert thrice.last_decision["uncertainty_s"] == 0.0  # three cycles that all erred by 20 s
