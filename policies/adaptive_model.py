@@ -1,5 +1,5 @@
-"""The adaptive policy's pure arithmetic: the fluid queue over one sync cycle, and the moving statistics of
-the model's measured error.
+"""The adaptive policy's pure arithmetic: the fluid queue over one sync cycle, the moving statistics of
+the model's measured error, and the corrections read from them per decision kind and queue level.
 
 Where it sits: imported by `policies/adaptive_policy.py` only; no state, no context, no clock.
 """
@@ -23,6 +23,11 @@ def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int,
             queued = required
         queued += rate * train_s - required
     return idle
+
+
+def first_or_ewma(average: float, value: float, *, weight: float) -> float:
+    """`value` while `average` is negative (nothing measured yet), else one exponentially weighted step."""
+    return value if average < 0 else average + weight * (value - average)
 
 
 def moving_mean_var(mean: float, variance: float, value: float, *, weight: float) -> tuple[float, float]:
@@ -54,3 +59,35 @@ def robust_moving_mean_var(mean: float, variance: float, value: float, *, weight
                                   weight=weight)
     _, new_variance = moving_mean_var(mean, variance, value, weight=weight)
     return new_mean, new_variance
+
+
+def level_correction(bias_by_level: dict[str, float], *, kind: str, level: int) -> float:
+    """The measured error for a decision of `kind` ("stay" / "activate") at queue `level`, from the moving
+    averages keyed "kind@level". A level not measured yet: for a stay 0 (the uncorrected model): a stay's
+    error does not carry over to another level, since a stay right after a switch (a full queue, the
+    rollouter held at its staleness limit) idles more than the model says, a stay at an empty queue less.
+    For an activation, the least error measured at the other levels, floored at 0: a switch that cost more
+    than the model says wherever it was tried (a hybrid window shorter than a fresh replica's first samples
+    take, at a high concurrency) costs at least that much more at a level it has not been tried at; one that
+    measured as predicted anywhere leaves the model as it is."""
+    own = bias_by_level.get(f"{kind}@{level}")
+    if own is not None or kind == "stay":
+        return own or 0.0
+    others = [bias for key, bias in bias_by_level.items() if key.startswith("activate@")]
+    return max(0.0, min(others)) if others else 0.0
+
+
+def corrections_standard_error(bias_by_level: dict[str, float], var_by_level: dict[str, float],
+                               count_by_level: dict[str, int], *, level: int, weight: float) -> float:
+    """Standard error of the stay and activate corrections compared at `level` (0 where unmeasured). A
+    correction measured once has no variance yet: its own size stands in for the spread (one cycle that erred
+    by e says the error is e give or take e), so a single far-off cycle cannot alone turn a small uncorrected
+    loss into a switch. A key with no count (a state saved before counts were kept) uses its variance."""
+    variance = 0.0
+    for kind in ("stay", "activate"):
+        key = f"{kind}@{level}"
+        if key not in bias_by_level:
+            continue
+        once = count_by_level.get(key, 2) == 1
+        variance += bias_by_level[key] ** 2 if once else var_by_level.get(key, 0.0)
+    return standard_error(variance, weight=weight)

@@ -33,12 +33,9 @@ predicted, and the moving average of the error (one per decision kind, stay or a
 queue at the sync: it cannot feed the first micro-step, it feeds one, it feeds more) corrects the next
 comparisons of that kind at that level; a cycle straying past OUTLIER_SIGMAS standard deviations (a version
 waiting for one very long response) counts as that far, and its first wait is not pooled. A level not
-measured yet takes no stay correction from another level, where the rollouter's staleness limit and the
-samples in flight differ; an activation there takes the least extra cost the switches measured at the other
-levels (none if any measured as predicted or better): what a switch costs beyond the model at every level
-it was tried is not assumed away at the next one. A correction measured once has no spread yet; its own
-size stands in for it until a second cycle of that kind and level measures one. A model whose switches
-measured worse than predicted
+measured yet takes no stay correction from another level, and the least activation error measured at the
+other levels (`adaptive_model.level_correction`); a correction measured once counts its own size as its
+spread (`corrections_standard_error`). A model whose switches measured worse than predicted
 falls back to static behaviour, and re-measures one switch every RETRY_EVERY cycles kept asleep only by
 that correction; symmetrically, after FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays
 asleep once, so the static prediction is measured too. It never activates when the queue already holds the
@@ -57,7 +54,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.adaptive_model import clip_outlier, cycle_idle_s, robust_moving_mean_var, standard_error
+from policies.adaptive_model import (
+    clip_outlier,
+    corrections_standard_error,
+    cycle_idle_s,
+    first_or_ewma,
+    level_correction,
+    robust_moving_mean_var,
+)
+from policies.adaptive_rebalance import choose_rebalance, credit_fill_rate, new_fill_rates
 from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
 
 SWITCH_COST_EWMA = 0.5
@@ -65,12 +70,6 @@ SWITCH_COST_EWMA = 0.5
 MIN_GAIN_FRACTION = 0.04
 """An activation must be predicted to save this fraction of the cycle's training time (about 1 s on
 the seed scenario's 25 s cycle): a switch for a smaller gain is within the model's error."""
-REBALANCE_TRIALS = 2
-"""Activations tried with and without the rebalance before the measured better one is kept."""
-REBALANCE_RETRY_EVERY = 8
-"""After the trials, every this-many activations re-measure the other choice (workloads drift)."""
-REBALANCE_MEMORY = 10
-"""Windows a choice's mean fill rate remembers."""
 BIAS_EWMA = 0.3
 """Weight of the newest cycle in the moving averages of the model's measured error (idle measured minus
 idle predicted), one for cycles it stayed asleep, one for cycles it activated, overall and per queue level."""
@@ -112,7 +111,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Which switches happened since the last sync (a free switch measures 0 s, not "unmeasured")."""
         self.planned_wait_samples = 0
         """The X chosen when activating; the next deactivation waits for it."""
-        self.rebalance_rates: dict[str, list[float]] = {"rebalance": [0.0, 0.0], "skip": [0.0, 0.0]}
+        self.rebalance_rates = new_fill_rates()
         """Per choice: [moving average of the hybrid window's measured fill rate, windows measured]."""
         self.pending_rebalance_choice = ""
         """The choice made at the last activation, credited when its window's rate is known."""
@@ -238,36 +237,20 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return activate
 
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
-        """Rebalance or not, by measurement: a rebalance aborts every serving replica (their in-flight
-        work is re-prefilled) to spread it onto the empty hybrids; whether that fills the queue faster
-        depends on how much a smaller batch speeds decoding. Each choice is tried REBALANCE_TRIALS
-        times, then the one whose windows filled faster is kept, the other re-tried now and then."""
-        counts = {choice: stats[1] for choice, stats in self.rebalance_rates.items()}
-        means = {choice: stats[0] for choice, stats in self.rebalance_rates.items()}
-        untried = [choice for choice in ("skip", "rebalance") if counts[choice] < REBALANCE_TRIALS]
+        """Rebalance or not, by measurement (`policies/adaptive_rebalance.py`)."""
         self.rebalance_decisions += 1
-        if untried:
-            choice, why = untried[0], "trying each choice"
-        else:
-            best = max(means, key=lambda c: (means[c], c == "skip"))
-            other = "rebalance" if best == "skip" else "skip"
-            retry = self.rebalance_decisions % REBALANCE_RETRY_EVERY == 0
-            if retry:
-                choice, why = other, "re-measuring the other choice"
-            else:
-                choice, why = best, "faster fill measured"
+        choice, why = choose_rebalance(self.rebalance_rates, self.rebalance_decisions)
         self.pending_rebalance_choice = choice
-        self.last_decision["rebalance"] = {"choice": choice, "why": why,
-                                           "fill_samples_per_s": {c: round(m, 4) for c, m in means.items()},
-                                           "windows": counts}
+        rates = self.rebalance_rates
+        self.last_decision["rebalance"] = {
+            "choice": choice, "why": why, "windows": {c: stats[1] for c, stats in rates.items()},
+            "fill_samples_per_s": {c: round(stats[0], 4) for c, stats in rates.items()}}
         return None if choice == "rebalance" else False
 
     def _credit_rebalance_choice(self, ctx: DynamicScheduleContext) -> None:
         choice, rate = self.pending_rebalance_choice, ctx.last_hybrid_window_samples_per_s
         if choice and rate > 0:
-            stats = self.rebalance_rates[choice]
-            stats[1] += 1  # the mean of the last ~REBALANCE_MEMORY windows: one noisy window must not flip it
-            stats[0] += (rate - stats[0]) / min(stats[1], REBALANCE_MEMORY)
+            credit_fill_rate(self.rebalance_rates, choice, rate)
         self.pending_rebalance_choice = ""
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
@@ -277,10 +260,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return
         self.cycle_activate_s = ctx.last_activate_duration_s
         if self.switched["activate"] or ctx.last_activate_duration_s > 0:
-            self.activate_cost_s = _ewma(self.activate_cost_s, ctx.last_activate_duration_s)
+            self.activate_cost_s = first_or_ewma(self.activate_cost_s, ctx.last_activate_duration_s,
+                                                 weight=SWITCH_COST_EWMA)
         deactivate_s = ctx.last_deactivate_duration_s + ctx.last_switch_overhead_s
         if self.switched["deactivate"] or deactivate_s > 0:
-            self.deactivate_cost_s = _ewma(self.deactivate_cost_s, deactivate_s)
+            self.deactivate_cost_s = first_or_ewma(self.deactivate_cost_s, deactivate_s,
+                                                   weight=SWITCH_COST_EWMA)
         self.switched = {"activate": False, "deactivate": False}
 
     def _credit_prediction(self, ctx: DynamicScheduleContext) -> None:
@@ -323,35 +308,14 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return samples / seconds if samples >= ctx.required_samples and seconds > 0 else 0.0
 
     def _bias_uncertainty_s(self, level: int) -> float:
-        """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured).
-        A correction measured once has no variance yet: its own size stands in for the spread (one cycle
-        that erred by e says the error is e give or take e), so a single far-off cycle cannot alone turn
-        a small uncorrected loss into a switch."""
-        variance = 0.0
-        for kind in ("stay", "activate"):
-            key = f"{kind}@{level}"
-            if key not in self.idle_bias_by_level:
-                continue
-            if self.idle_error_count_by_level.get(key, 2) == 1:
-                variance += self.idle_bias_by_level[key] ** 2
-            else:
-                variance += self.idle_error_var_by_level.get(key, 0.0)
-        return UNCERTAINTY_Z * standard_error(variance, weight=BIAS_EWMA)
+        """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured)."""
+        return UNCERTAINTY_Z * corrections_standard_error(
+            self.idle_bias_by_level, self.idle_error_var_by_level, self.idle_error_count_by_level,
+            level=level, weight=BIAS_EWMA)
 
     def _idle_bias(self, kind: str, level: int) -> float:
-        """The model's measured error for a decision of `kind` at queue `level`: that level's moving
-        average. A level not measured yet: for a stay 0 (the uncorrected model): a stay's error does not
-        carry over to another level, since a stay right after a switch (a full queue, the rollouter held at
-        its staleness limit) idles more than the model says, a stay at an empty queue less. For an
-        activation, the least error measured at the other levels, floored at 0: a switch that cost more
-        than the model says wherever it was tried (a hybrid window shorter than a fresh replica's first
-        samples take, at a high concurrency) costs at least that much more at a level it has not been
-        tried at; one that measured as predicted anywhere leaves the model as it is."""
-        own = self.idle_bias_by_level.get(f"{kind}@{level}")
-        if own is not None or kind == "stay":
-            return own or 0.0
-        others = [bias for key, bias in self.idle_bias_by_level.items() if key.startswith("activate@")]
-        return max(0.0, min(others)) if others else 0.0
+        """The model's measured error for a decision of `kind` at queue `level` (`level_correction`)."""
+        return level_correction(self.idle_bias_by_level, kind=kind, level=level)
 
     # ---- the model (pure helpers) ----
 
@@ -416,7 +380,3 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 def _queue_level(ctx: DynamicScheduleContext) -> int:
     """How many micro-steps the queue at the sync can feed, capped at QUEUE_LEVELS - 1."""
     return min(QUEUE_LEVELS - 1, max(0, ctx.queued_samples) // ctx.required_samples)
-
-
-def _ewma(average: float, value: float) -> float:
-    return value if average < 0 else average + SWITCH_COST_EWMA * (value - average)
