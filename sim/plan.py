@@ -14,8 +14,10 @@ samples in flight per replica beyond the engine's running cap keep its batch
 full while a group's short responses finish before its long ones. On the seed
 scenario that alone beats every run that switches (docs/scheduling.md, "First,
 the samples in flight"), so a static baseline at the configured concurrency
-only is not the best static split. More samples in flight means older samples trained (within the
-staleness limit): a trade-off a user weighs, which the ranking does not.
+only is not the best static split. What more samples in flight cost in data age the table shows
+(`lag v.`, `lag>=2`) rather than weighs: the mean lag of trained samples is set by the staleness limit
+whenever the rollouter reaches it each version (which versions samples start and are trained in is then
+a matter of counts), so concurrency and policy only move the tail of samples 2+ versions old.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class PlanRow:
     bound_ratio: float
     activations: int
     mean_mq_size: float
+    mean_sample_lag: float = 0.0
+    """Mean versions a trained sample lags the trainer (`SimResult.mean_sample_lag`)."""
+    stale_tail_share: float = 0.0
+    """Share of trained samples 2 or more versions behind the trainer."""
 
 
 def splits(scenario: Scenario) -> list[tuple[int, int]]:
@@ -77,7 +83,8 @@ def _run_one(job: tuple[Scenario, int, int, str, int, tuple[str, ...]]) -> PlanR
     return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, concurrency=concurrency,
                    wall_h=res.wall_s / 3600.0,
                    bound_ratio=res.bound_ratio, activations=res.activations,
-                   mean_mq_size=res.mean_mq_size())
+                   mean_mq_size=res.mean_mq_size(), mean_sample_lag=res.mean_sample_lag(),
+                   stale_tail_share=res.stale_tail_share(versions=2))
 
 
 DEFAULT_CONCURRENCY = (1.0, 2.0)
@@ -116,16 +123,20 @@ def recommend(rows: list[PlanRow], *, min_gain: float = 0.02) -> PlanRow:
 
 def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
     lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'conc.':>5} {'wall h':>7} {'x bound':>7} "
-             f"{'activ.':>6} {'mean mq':>7}"]
+             f"{'activ.':>6} {'mean mq':>7} {'lag v.':>6} {'lag>=2':>6}"]
     for i, r in enumerate(rows, 1):
         mark = "  <- recommended" if r == recommended else ""
         lines.append(f"{i:>4}  {r.train_gpus:>4}:{r.rollout_gpus:<4}  {r.policy:<20} {r.concurrency:>5} "
                      f"{r.wall_h:>7.3f} "
-                     f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f}{mark}")
+                     f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f} "
+                     f"{r.mean_sample_lag:>6.2f} {100 * r.stale_tail_share:>5.1f}%{mark}")
     return "\n".join([*lines, PLAN_LEGEND])
 
 
 PLAN_LEGEND = ("conc.: async_training.concurrent_samples_per_replica (samples in flight per replica); "
                "wall h: simulated training time;\nx bound: wall time / the ideal bound (every GPU busy "
                "all the time, 1.00 = unbeatable);\nactiv.: hybrid activations; mean mq: MessageQueue size "
-               "after each sync cycle's last micro-step, averaged over cycles (mq_size.png)")
+               "after each sync cycle's last micro-step, averaged over cycles (mq_size.png);\nlag v.: "
+               "versions a trained sample lags the trainer (its first tokens' weights), mean; lag>=2: share "
+               "of trained samples 2+ versions behind.\nThe mean lag is set by staleness_threshold whenever "
+               "the rollouter reaches its limit each version; the samples in flight move only the tail")

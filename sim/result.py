@@ -73,6 +73,11 @@ class SimResult:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     """The policy's audited decisions in order, each the live audit stream's `decision` record plus its
     `version`: the numbers each decision compared, as the live controller audits them."""
+    sample_lag_versions: dict[int, int] = field(default_factory=dict)
+    """Trained samples per lag: the trainer's version minus the version whose weights generated the
+    sample's first tokens (0 = on-policy). While the rollouter reaches its staleness limit every version,
+    the mean is fixed by that limit (the versions samples start in and are trained in are then set by
+    counts alone); the samples in flight and the policy only move the tail."""
     timeline: Timeline | None = None
     gpus_per_lane: int = 8
     tokens: dict[str, float] = field(default_factory=dict)
@@ -101,6 +106,17 @@ class SimResult:
         total = sum(by_state.values())
         return (by_state[LaneState.ROLLOUT] + by_state[LaneState.TRAIN]) / total if total > 0 else 0.0
 
+    def mean_sample_lag(self) -> float:
+        """Mean versions between a trained sample's first tokens and its training."""
+        trained = sum(self.sample_lag_versions.values())
+        return sum(lag * n for lag, n in self.sample_lag_versions.items()) / trained if trained else 0.0
+
+    def stale_tail_share(self, *, versions: int = 2) -> float:
+        """Share of trained samples at least `versions` behind the trainer."""
+        trained = sum(self.sample_lag_versions.values())
+        behind = sum(n for lag, n in self.sample_lag_versions.items() if lag >= versions)
+        return behind / trained if trained else 0.0
+
     def mean_mq_size(self) -> float:
         """Mean of `dynamic_resource/mq_size` over the sync cycles (queue size after each cycle's
         last step)."""
@@ -123,6 +139,8 @@ class SimResult:
             "versions": self.versions,
             # The per-cycle values mq_size.png draws (the seed's metric), so table and chart agree.
             "mean_mq_size": round(self.mean_mq_size(), 2),
+            "mean_sample_lag_versions": round(self.mean_sample_lag(), 3),
+            "share_lagging_2_versions": round(self.stale_tail_share(versions=2), 4),
             "gpu_busy_fraction": round(self.busy_fraction(), 3),
             "mean_resource_utilization": round(utilization, 3),
             "samples": dict(self.samples),

@@ -17,6 +17,7 @@ The run ends when the trainer's cycle sends DONE.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Generator, Sequence
 from typing import Any
 
@@ -102,6 +103,8 @@ class Simulation:
                                 dynamic=self.dynamic, gpus_per_lane=cluster.gpus_per_replica)
         self.trained = 0
         self.trained_tokens = 0.0
+        self.trained_lag_versions: Counter[int] = Counter()
+        """Trained samples per lag: the trainer's version minus the version of their first tokens."""
 
     def _now(self) -> float:
         return self.engine.now_s
@@ -284,6 +287,7 @@ class Simulation:
             return tc.TrainResult(timings={"timing_s/update_actor": compute_s})
         elif isinstance(op, tc.MarkTrained):
             self.trained += len(op.batch)
+            self.trained_lag_versions.update(self.cycle.version - sample.min_version for sample in op.batch)
         elif isinstance(op, tc.ExportWeights):
             return ""
         elif isinstance(op, tc.AcquireGpu):
@@ -379,6 +383,7 @@ class Simulation:
         res.tokens = {"trained": self.trained_tokens,
                       "decoded": sum(rep.tokens_decoded for rep in r.replicas.values()),
                       "prefilled": sum(rep.tokens_prefilled for rep in r.replicas.values())}
+        res.sample_lag_versions = dict(sorted(self.trained_lag_versions.items()))
         res.timeline = self.timeline
         res.events_processed = self.engine.events_processed
         res.runtime_s = time.perf_counter() - t0

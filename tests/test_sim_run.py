@@ -121,3 +121,24 @@ def test_plan_refuses_a_concurrency_multiple_that_is_not_positive(capsys: pytest
     with pytest.raises(SystemExit):
         cli_main(["plan", "--scenario", path, "--concurrency", "1,0"])
     assert "concurrency must be positive" in capsys.readouterr().err
+
+
+def test_the_mean_age_of_trained_samples_is_set_by_the_staleness_limit_not_by_the_samples_in_flight() -> None:
+    base = small("consumption")  # the rollouter reaches its staleness limit every version
+    configured = base.config.async_training.concurrent_samples_per_replica
+    ages = [simulate(base.with_changes({"async_training.concurrent_samples_per_replica": samples})
+                     .with_policy(policy))
+            for samples in (configured, 2 * configured) for policy in ("static", "adaptive")]
+    assert len({round(run.mean_sample_lag(), 9) for run in ages}) == 1
+    assert 0 < ages[0].mean_sample_lag() < 1 + base.config.async_training.staleness_threshold
+    on_policy = simulate(base.with_changes({"async_training.staleness_threshold": 0.0}).with_policy("static"))
+    assert on_policy.mean_sample_lag() < ages[0].mean_sample_lag()
+    assert sum(ages[0].sample_lag_versions.values()) == ages[0].samples["trained"]
+
+
+def test_a_rollouter_that_never_reaches_its_limit_trains_younger_samples() -> None:
+    # One rollout replica, its samples in flight the cap: it never starts what the staleness limit allows.
+    starved = simulate(small("production").with_split(24, 8, policy="static"))
+    full = simulate(small("production").with_split(16, 16, policy="static"))
+    assert starved.mean_sample_lag() < full.mean_sample_lag()
+    assert starved.summary()["mean_sample_lag_versions"] == round(starved.mean_sample_lag(), 3)
