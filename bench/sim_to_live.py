@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from bench import parse_sets, write_result
+from core.metrics import SAMPLE_LAG_MEAN
 from services.launcher import run_job
 from shared.config import load_config
 from sim.run import simulate
@@ -43,6 +44,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIGS = ("configs/sim_16_16_static.yaml", "configs/sim_8_24_static.yaml",
                    "configs/sim_16_16_dynamic.yaml", "configs/sim_16_16_adaptive.yaml")
 WALL_TOLERANCE, ACTIVATION_TOLERANCE, MQ_TOLERANCE = 0.10, 0.20, 0.20
+LAG_TOLERANCE_VERSIONS = 0.1
+"""Mean version lag of trained samples: live and planner within this many versions (not an issue target:
+both follow the staleness limit, so they agree exactly while the rollouter reaches it)."""
 
 
 PER_VERSION_KEYS = ("timing_s/step", "dynamic_resource/train_compute_time_s", "timing_s/gen",
@@ -52,7 +56,7 @@ PER_VERSION_KEYS = ("timing_s/step", "dynamic_resource/train_compute_time_s", "t
 """Per-version metrics shown side by side (``--versions``): where the two stories part."""
 
 
-def _story(times_s: list[float], cycles: list[dict[str, float]], activations: int,
+def _story(times_s: list[float], cycles: list[dict[str, float]], activations: int, sample_lag: float,
            seconds_per_unit: float = 1.0) -> dict[str, Any]:
     mq = [c["dynamic_resource/mq_size"] for c in cycles]
     def scaled(key: str, cycle: dict[str, float]) -> float:
@@ -63,12 +67,13 @@ def _story(times_s: list[float], cycles: list[dict[str, float]], activations: in
                     **{key: scaled(key, c) for key in PER_VERSION_KEYS}}
                    for i, (t, c) in enumerate(zip(times_s, cycles, strict=True))]
     return {"wall_after_first_version_s": times_s[-1] - times_s[0], "activations": float(activations),
-            "mean_mq_size": sum(mq) / len(mq), "versions": float(len(times_s)), "per_version": per_version}
+            "mean_mq_size": sum(mq) / len(mq), "mean_sample_lag": sample_lag, "versions": float(len(times_s)),
+            "per_version": per_version}
 
 
 def planned(config_path: Path) -> dict[str, Any]:
     res = simulate(Scenario.from_config(load_config(config_path), source=str(config_path)))
-    return _story([c["time_s"] for c in res.cycles], res.cycles, res.activations)
+    return _story([c["time_s"] for c in res.cycles], res.cycles, res.activations, res.mean_sample_lag())
 
 
 def live(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, Any]:
@@ -77,8 +82,9 @@ def live(config_path: Path, out_dir: Path, *, timeout_s: float) -> dict[str, Any
     text = (out_dir / "metrics.jsonl").read_text()
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
     scale = config.run.time_scale
+    lags = [line[SAMPLE_LAG_MEAN] for line in lines]  # every cycle trains as many samples: a mean of means
     return _story([line["t"] / scale for line in lines], lines, int(summary["switches"]["activations"] or 0),
-                  seconds_per_unit=scale)
+                  sum(lags) / len(lags), seconds_per_unit=scale)
 
 
 def agreement(sim: dict[str, Any], run: dict[str, Any]) -> dict[str, bool]:
@@ -87,7 +93,8 @@ def agreement(sim: dict[str, Any], run: dict[str, Any]) -> dict[str, bool]:
 
     return {"wall": close("wall_after_first_version_s", WALL_TOLERANCE, 0.0),
             "activations": close("activations", ACTIVATION_TOLERANCE, 1.0),
-            "mean_mq_size": close("mean_mq_size", MQ_TOLERANCE, 2.0)}
+            "mean_mq_size": close("mean_mq_size", MQ_TOLERANCE, 2.0),
+            "mean_sample_lag": close("mean_sample_lag", 0.0, LAG_TOLERANCE_VERSIONS)}
 
 
 def rescaled(config_path: Path, out_dir: Path, *, time_scale: float | None = None, namespace: str = "",
@@ -131,7 +138,7 @@ def format_row(row: dict[str, Any]) -> str:
     run, sim = row["live"], row["planner"]
     parts = [f"{Path(row['config']).name:<26}"]
     for key, label in (("wall_after_first_version_s", "wall s"), ("activations", "activ."),
-                       ("mean_mq_size", "mean mq")):
+                       ("mean_mq_size", "mean mq"), ("mean_sample_lag", "lag v.")):
         err = sim[key] / run[key] - 1.0 if run[key] else 0.0
         parts.append(f"{label} live {run[key]:8.1f} sim {sim[key]:8.1f} ({err:+.1%})")
     parts.append(f"live overhead {row['live_overhead_wall_s_per_version']:.2f} wall s/version, "

@@ -14,6 +14,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from shared.schema import Sample
+
 TRAIN_COMPUTE_KEYS = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 """timing_raw keys counted as training compute (the ref timer's key is "ref", not "RefPolicy")."""
 
@@ -45,6 +47,8 @@ MAX_REQUIRED = "fully_async/static/max_required_samples"
 REQUIRED_SAMPLES = "fully_async/static/required_samples"
 MAX_QUEUE_SIZE = "fully_async/static/max_queue_size"
 STALENESS_THRESHOLD = "fully_async/static/staleness_threshold"
+# Beyond the seed: how old the trained data is (the planner's `lag v.`, sim.result.SimResult.mean_sample_lag).
+SAMPLE_LAG_MEAN = "dynsched/trainer/sample_lag_versions_mean"
 
 LAST_KEYS = frozenset(
     {
@@ -174,6 +178,31 @@ def partial_rollout_stats(versions: Sequence[tuple[int, int]]) -> dict[str, floa
 def stale_trajectory_count(current_version: int, max_versions: Iterable[int]) -> int:
     """Trajectories whose newest generating version lags the trained version by >= 1."""
     return sum(1 for max_version in max_versions if current_version - max_version >= 1)
+
+
+def sample_lag_mean(current_version: int, min_versions: Sequence[Sequence[int]]) -> float:
+    """Mean over samples of the trained version minus the version of the sample's first tokens (the least
+    `min_version` of its trajectories); 0 for no samples."""
+    lags = [current_version - min(versions) for versions in min_versions if versions]
+    return sum(lags) / len(lags) if lags else 0.0
+
+
+def trained_batch_metrics(version: int, samples: Sequence[Sample], *,
+                          stale_trajectories: int) -> dict[str, float]:
+    """The trainer's per-micro-step metrics of the batch it trains at `version`: partial-rollout counts,
+    processing-time percentiles, the run's stale trajectories so far, the samples' lag, reward, lengths."""
+    trajectories = [t for s in samples for t in s.trajectories]
+    rewards = [t.reward for t in trajectories]
+    tokens = sum(len(t.response_token_ids) for t in trajectories)
+    return {
+        **partial_rollout_stats([(t.min_version, t.max_version) for t in trajectories]),
+        **processing_time_stats(t.generation_time_s for t in trajectories),
+        "fully_async/count/stale_trajectory_processed": float(stale_trajectories),
+        SAMPLE_LAG_MEAN: sample_lag_mean(version, [[t.min_version for t in s.trajectories] for s in samples]),
+        "training/reward_mean": sum(rewards) / max(1, len(rewards)),
+        "response_length/mean": tokens / max(1, len(trajectories)),
+        "perf/total_num_tokens": float(tokens),
+    }
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:

@@ -279,7 +279,8 @@ class Simulation:
             return len(r.mq)
         elif isinstance(op, tc.Collect):
             return (yield from self._collect(op.count))
-        elif isinstance(op, tc.Train):
+        elif isinstance(op, tc.Train):  # the weights it trains are this version's (the sync comes after)
+            self.trained_lag_versions.update(self.cycle.version - sample.min_version for sample in op.batch)
             compute_s = self._train_time_s(op.batch)
             self._set_phase(LaneState.TRAIN)
             yield compute_s
@@ -287,7 +288,6 @@ class Simulation:
             return tc.TrainResult(timings={"timing_s/update_actor": compute_s})
         elif isinstance(op, tc.MarkTrained):
             self.trained += len(op.batch)
-            self.trained_lag_versions.update(self.cycle.version - sample.min_version for sample in op.batch)
         elif isinstance(op, tc.ExportWeights):
             return ""
         elif isinstance(op, tc.AcquireGpu):

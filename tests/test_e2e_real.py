@@ -31,6 +31,7 @@ if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch")
 
 from core.controller import SyncWeights  # noqa: E402
 from core.flow import FlowLimits  # noqa: E402
+from core.metrics import SAMPLE_LAG_MEAN  # noqa: E402
 from services.launcher import (  # noqa: E402
     LOST,
     PROJECT_ROOT,
@@ -197,6 +198,15 @@ def test_every_trajectory_was_generated_at_or_before_the_version_that_trained_it
             assert len(traj.response_token_ids) == len(traj.response_logprobs) > 0, traj.request_id
             stale += version - traj.max_version >= 1
     assert ci_run.metrics[-1]["fully_async/count/stale_trajectory_processed"] == stale
+
+
+def test_the_mean_lag_of_trained_samples_in_the_metrics_is_the_samples_own(ci_run: RealRun) -> None:
+    required = ci_run.limits.required_samples
+    trained_at = trained_at_versions(ci_run.audit)
+    lags = [trained_at[index // required + 1] - min(t.min_version for t in sample.trajectories)
+            for index, sample in enumerate(ci_run.samples)]
+    per_cycle = [row[SAMPLE_LAG_MEAN] for row in ci_run.metrics]  # equal micro-steps: a mean of means
+    assert mean(per_cycle) == pytest.approx(mean([float(lag) for lag in lags]))
 
 
 def test_hybrid_replicas_were_activated_and_deactivated(ci_run: RealRun) -> None:

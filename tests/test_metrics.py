@@ -8,6 +8,7 @@ from core.metrics import (
     CLUSTER_UTIL,
     MQ_SIZE,
     ROLLOUT_UTIL,
+    SAMPLE_LAG_MEAN,
     TRAIN_ALLOC,
     TRAIN_COMPUTE,
     TRAIN_UTIL,
@@ -19,6 +20,7 @@ from core.metrics import (
     processing_time_stats,
     reduction_for,
     rollout_resource_utilization,
+    sample_lag_mean,
     stale_trajectory_count,
     train_compute_time_s,
     train_resource_utilization,
@@ -178,3 +180,10 @@ def test_cycle_aggregator_omits_utilizations_without_their_inputs():
     agg.add({"fully_async/rollouter/step_generated_samples": 12})
     out = agg.reduce(rollout_utilization=0.5, num_trainer_gpus=8, num_standalone_gpus=8)
     assert out == {"fully_async/rollouter/step_generated_samples": 12.0}
+
+
+def test_a_samples_lag_counts_from_its_oldest_trajectorys_first_tokens_and_is_averaged_per_cycle():
+    # trained at version 5: one sample all from 5, one started at 3 (a trajectory resumed at 4), one from 4
+    assert sample_lag_mean(5, [[5, 5], [3, 4], [4]]) == pytest.approx((0 + 2 + 1) / 3)
+    assert sample_lag_mean(5, []) == 0.0
+    assert reduction_for(SAMPLE_LAG_MEAN) == "mean"

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from core import trainer_cycle as tc
 from core.flow import FlowLimits
-from core.metrics import partial_rollout_stats, processing_time_stats, stale_trajectory_count
+from core.metrics import stale_trajectory_count, trained_batch_metrics
 from services.trainer.exactly_once import mark_trained, screen
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus, Subscription, malformed_reason, text
@@ -286,16 +286,7 @@ class Trainer:
         trajectories = [t for s in samples for t in s.trajectories]
         self.stale_trajectories += stale_trajectory_count(self.cycle.version,
                                                           (t.max_version for t in trajectories))
-        rewards = [t.reward for t in trajectories]
-        tokens = sum(len(t.response_token_ids) for t in trajectories)
-        return {
-            **partial_rollout_stats([(t.min_version, t.max_version) for t in trajectories]),
-            **processing_time_stats(t.generation_time_s for t in trajectories),
-            "fully_async/count/stale_trajectory_processed": float(self.stale_trajectories),
-            "training/reward_mean": sum(rewards) / max(1, len(rewards)),
-            "response_length/mean": tokens / max(1, len(trajectories)),
-            "perf/total_num_tokens": float(tokens),
-        }
+        return trained_batch_metrics(self.cycle.version, samples, stale_trajectories=self.stale_trajectories)
 
     async def _await_reply(self, replies: Subscription, stop: asyncio.Event,
                            op: tc.Handshake) -> TrainerReply:
