@@ -36,10 +36,10 @@ waiting for one very long response) counts as that far, and its first wait is no
 measured yet takes no stay correction from another level, and the least activation error measured at the
 other levels (`adaptive_model.level_correction`); a correction measured once counts its own size as its
 spread (`corrections_standard_error`). A model whose switches measured worse than predicted
-falls back to static behaviour, and re-measures one switch every RETRY_EVERY cycles kept asleep only by
-that correction; symmetrically, after FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays
-asleep once, so the static prediction is measured too. It never activates when the queue already holds the
-planned X (no window to fill).
+falls back to static behaviour, and re-measures one switch after RETRY_EVERY cycles kept asleep only by
+that correction (twice as many after each re-measure, up to RETRY_MAX); symmetrically, after
+FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays asleep once, so the static prediction
+is measured too. It never activates when the queue already holds the planned X (no window to fill).
 
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
@@ -92,6 +92,9 @@ RETRY_EVERY = 16
 an error measured in other conditions (the workload drifts) is measured again. The same holds the other
 way: after this many activations in a row, one cycle stays asleep, so the static prediction it compares
 against is measured too."""
+RETRY_MAX = 64
+"""Each re-measuring switch doubles the wait before the next, up to this many cycles, until an activation
+on the model's merit resets it: on a workload that does not drift every re-measure loses a switch."""
 FIRST_STAY_AFTER = 4
 """Activations in a row after which the first cycle stays asleep to measure the static cycle, while no
 static cycle has been measured (a static prediction never checked can keep a useless switch going)."""
@@ -138,6 +141,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """The queue level (`_queue_level`) the last decision was taken at."""
         self.stays_by_bias = 0
         """Consecutive cycles kept asleep only by the measured error (the uncorrected model said activate)."""
+        self.retry_after = RETRY_EVERY
+        """Cycles kept asleep by the error before the next re-measuring switch (RETRY_EVERY to RETRY_MAX)."""
         self.activations_in_row = 0
         """Consecutive cycles the policy activated (a stay to measure the static cycle resets it)."""
         self.last_decision: dict[str, Any] = {}
@@ -206,8 +211,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         why = "corrected gain vs min gain, and a window to fill (X > queued)"
         if not activate and static_idle - dynamic_idle > min_gain_s:
             self.stays_by_bias += 1
-            if self.stays_by_bias >= RETRY_EVERY:
-                activate, why = True, f"re-measuring: {RETRY_EVERY} cycles kept asleep by the measured error"
+            if self.stays_by_bias >= self.retry_after:
+                activate = True
+                why = f"re-measuring: {self.retry_after} cycles kept asleep by the measured error"
+                self.retry_after = min(RETRY_MAX, 2 * self.retry_after)
+        elif activate:
+            self.retry_after = RETRY_EVERY
         if activate:
             self.stays_by_bias = 0
             self.activations_in_row += 1

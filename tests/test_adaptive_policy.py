@@ -9,7 +9,7 @@ import pytest
 from core.measure import RateMeter
 from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
 from policies.adaptive_model import moving_mean_var, robust_moving_mean_var, standard_error
-from policies.adaptive_policy import FIRST_STAY_AFTER, RETRY_EVERY, cycle_idle_s
+from policies.adaptive_policy import FIRST_STAY_AFTER, RETRY_EVERY, RETRY_MAX, cycle_idle_s
 
 
 def make_ctx(
@@ -292,15 +292,24 @@ def test_a_switch_that_measured_as_predicted_changes_nothing():
     assert policy.last_decision["idle_bias_s"]["activate"] == pytest.approx(0.0, abs=1e-3)
 
 
-def test_kept_asleep_only_by_the_measured_error_it_activates_once_in_a_while_to_measure_again():
+def test_kept_asleep_only_by_the_measured_error_it_re_measures_after_ever_longer_waits():
     policy = make_adaptive()
     policy.idle_bias_by_level["activate@0"] = 1000.0  # production_bound's queue (10) is level 0
     decisions = []
-    for step in range(1, 40):
+    for step in range(1, 300):
         decisions.append(policy.should_activate_after_step(4 * step, False, production_bound()))
         policy.predicted_idle_s = -1.0  # no cycle measured in between: the bias stays
-    assert decisions.count(True) == 2
-    assert decisions.index(True) == 15
+    retries = [index for index, activated in enumerate(decisions) if activated]
+    gaps = [later - earlier for earlier, later in zip(retries, retries[1:], strict=False)]
+    assert retries[0] == RETRY_EVERY - 1
+    assert gaps[:3] == [2 * RETRY_EVERY, 4 * RETRY_EVERY, RETRY_MAX] and set(gaps[3:]) == {RETRY_MAX}
+
+
+def test_an_activation_on_the_models_merit_restarts_the_re_measuring_at_its_shortest_wait():
+    policy = make_adaptive()
+    policy.retry_after = RETRY_MAX
+    assert policy.should_activate_after_step(8, False, production_bound()) is True  # nothing corrected: go
+    assert policy.retry_after == RETRY_EVERY
 
 
 def test_after_activating_every_cycle_it_stays_asleep_once_to_measure_the_static_cycle():
