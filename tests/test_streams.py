@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -293,3 +294,20 @@ async def test_bad_consumer_arguments_are_value_errors(redis_client: aredis.Redi
         make_consumer(redis_client, "c", max_deliveries=0)
     with pytest.raises(ValueError):
         make_consumer(redis_client, "c", lease_ttl_s=0)
+
+
+async def test_a_read_in_a_task_whose_cancel_was_swallowed_raises_the_cancel_again(redis_client) -> None:
+    await ensure_group(redis_client, "t:swallow", "g")
+    consumer = StreamConsumer(redis_client, stream="t:swallow", group="g", consumer="c")
+
+    async def loop() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed, as redis-py can (redis-py#2028)
+            await asyncio.sleep(10)
+        await consumer.read(1, block_ms=0)
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    await consumer.aclose()
