@@ -180,11 +180,10 @@ def stale_trajectory_count(current_version: int, max_versions: Iterable[int]) ->
     return sum(1 for max_version in max_versions if current_version - max_version >= 1)
 
 
-def sample_lag_mean(current_version: int, min_versions: Sequence[Sequence[int]]) -> float:
-    """Mean over samples of the trained version minus the version of the sample's first tokens (the least
-    `min_version` of its trajectories); 0 for no samples."""
-    lags = [current_version - min(versions) for versions in min_versions if versions]
-    return sum(lags) / len(lags) if lags else 0.0
+def sample_lag_mean(current_version: int, min_versions: Sequence[int]) -> float:
+    """Mean over samples of the trained version minus the version of the sample's first tokens
+    (`Sample.min_version`); 0 for no samples."""
+    return sum(current_version - v for v in min_versions) / len(min_versions) if min_versions else 0.0
 
 
 def trained_batch_metrics(version: int, samples: Sequence[Sample], *,
@@ -198,7 +197,7 @@ def trained_batch_metrics(version: int, samples: Sequence[Sample], *,
         **partial_rollout_stats([(t.min_version, t.max_version) for t in trajectories]),
         **processing_time_stats(t.generation_time_s for t in trajectories),
         "fully_async/count/stale_trajectory_processed": float(stale_trajectories),
-        SAMPLE_LAG_MEAN: sample_lag_mean(version, [[t.min_version for t in s.trajectories] for s in samples]),
+        SAMPLE_LAG_MEAN: sample_lag_mean(version, [s.min_version for s in samples if s.trajectories]),
         "training/reward_mean": sum(rewards) / max(1, len(rewards)),
         "response_length/mean": tokens / max(1, len(trajectories)),
         "perf/total_num_tokens": float(tokens),

@@ -20,7 +20,7 @@ CHOICES = ("skip", "rebalance")
 
 def new_fill_rates() -> dict[str, list[float]]:
     """Per choice: [mean of the hybrid windows' measured fill rates (samples/s), windows measured]."""
-    return {choice: [0.0, 0.0] for choice in ("rebalance", "skip")}
+    return {choice: [0.0, 0.0] for choice in CHOICES}
 
 
 def choose_rebalance(fill_rates: dict[str, list[float]], decisions: int) -> tuple[str, str]:

@@ -32,6 +32,7 @@ from shared.bus import Bus, text
 from shared.liveness import beat
 from shared.peer_liveness import mark_unresponsive
 from shared.schema import Command, CommandAck, CommandAction, decode
+from shared.streams import raise_if_cancel_swallowed
 
 log = logging.getLogger(__name__)
 LEASE_POLL_S = 0.25
@@ -70,9 +71,10 @@ class CommandClient:
 
     async def close(self) -> None:
         """Stop the ack reader and wait until it has (so the client can be closed after this). The
-        reader also stops at its next read's end (within ACK_BLOCK_MS): redis-py can swallow a cancel
-        that lands in a blocking XREAD (redis/redis-py#2028), and the reader then ran on for ever, so
-        `close` never returned (seen in a test with a worker serving on another client)."""
+        reader re-raises a cancel redis-py swallowed in a blocking XREAD (redis/redis-py#2028,
+        `shared.streams.raise_if_cancel_swallowed`) and also stops at its next read's end (within
+        ACK_BLOCK_MS): before either, `close` could wait for ever (seen in a test with a worker serving
+        on another client)."""
         self._closed = True
         if self._reader:
             self._reader.cancel()
@@ -150,6 +152,7 @@ class CommandClient:
         while not self._closed:
             try:
                 reply: Any = await reader.xread({stream: last_id}, count=256, block=ACK_BLOCK_MS)
+                raise_if_cancel_swallowed()
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("reading %s failed (%r); retrying in %.1fs", stream, exc, READ_RETRY_S)
                 await asyncio.sleep(READ_RETRY_S)

@@ -193,7 +193,7 @@ class StreamConsumer:
                         self._reachable = True
                         return replayed
                 entries = await self._read_new(count, block_ms)
-                _raise_if_cancelled()  # rewound below: the entries stay pending for this consumer
+                raise_if_cancel_swallowed()  # rewound below: the entries stay pending for this consumer
                 self._reachable = True
                 return entries
             except ResponseError as exc:
@@ -381,7 +381,7 @@ def _only_stream(resp: Any) -> list[tuple[Any, dict[bytes, bytes] | None]]:
     return list(resp[0][1])
 
 
-def _raise_if_cancelled() -> None:
+def raise_if_cancel_swallowed() -> None:
     """Raise the cancel a blocking read swallowed: redis-py's asyncio client can absorb a
     `CancelledError` that lands while it waits for XREADGROUP's reply and read again
     (redis/redis-py#2028), so a loop cancelled by its task group (shared.runtime.supervise) would run

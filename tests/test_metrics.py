@@ -184,6 +184,6 @@ def test_cycle_aggregator_omits_utilizations_without_their_inputs():
 
 def test_a_samples_lag_counts_from_its_oldest_trajectorys_first_tokens_and_is_averaged_per_cycle():
     # trained at version 5: one sample all from 5, one started at 3 (a trajectory resumed at 4), one from 4
-    assert sample_lag_mean(5, [[5, 5], [3, 4], [4]]) == pytest.approx((0 + 2 + 1) / 3)
+    assert sample_lag_mean(5, [5, 3, 4]) == pytest.approx((0 + 2 + 1) / 3)
     assert sample_lag_mean(5, []) == 0.0
     assert reduction_for(SAMPLE_LAG_MEAN) == "mean"
