@@ -230,8 +230,10 @@ class Job:
                 f"the samples before it cannot be accounted for, so the run stops here")
 
     def supervise(self) -> None:
-        """Start again each child that exited non-zero, or was killed as hung, once its backoff has
-        passed (services/restarts.py)."""
+        """Start again each child that exited, or was killed as hung, once its backoff has passed
+        (services/restarts.py). A clean exit (status 0: `kill PID`'s SIGTERM, a `docker stop`) is
+        restarted too: no service ends on its own before the run is done, and the run would wait for
+        the stopped one for ever."""
         now_s = time.monotonic()
         self.kill_hung(now_s)
         for name, proc in self.procs.items():
@@ -241,7 +243,7 @@ class Job:
                     self.restarts[name] += 1
                     self.procs[name] = self._start(name)
                 continue
-            if proc.poll() in (None, 0):
+            if proc.poll() is None:
                 continue
             path = self.log_dir / f"{name}.log"
             budget = self.budgets[name]

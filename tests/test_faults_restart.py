@@ -52,3 +52,23 @@ def test_a_restart_waits_longer_after_each_crash_and_the_budget_runs_out_within_
 
 def test_restarts_can_be_switched_off() -> None:
     assert RestartBudget(max_per_minute=0).take(now_s=0.0) is None
+
+
+@pytest.mark.e2e
+def test_services_stopped_with_sigterm_mid_run_are_restarted_and_the_run_finishes_with_nothing_lost(
+        tmp_path: Path) -> None:
+    # `kill PID` (SIGTERM) stops a service cleanly, exit status 0; before the run is done that is still a
+    # service gone, and a run waiting for it would never finish
+    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
+    with launcher.Job(config_path=config, out_dir=tmp_path / "run") as job:
+        wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60, what="4 micro-steps")
+        names = ("trainer", "controller", "rollout_worker-hybrid_0")
+        stopped = {name: job.procs[name] for name in names}
+        for proc in stopped.values():
+            proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: job.poll() is RunStatus.DONE, timeout_s=120, what="the run to finish", job=job)
+        summary = job.summary(wall_time_s=job.elapsed_s, admin={})
+    assert all(proc.returncode == 0 for proc in stopped.values()), "each stopped cleanly"
+    assert summary["restarts"] == dict.fromkeys(stopped, 1)
+    counts = summary["samples"]
+    assert counts[AccountingField.FED] == SAMPLES and counts[LOST] == 0 and counts[DUPLICATED] == 0
