@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose or args.command == "up" else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command in ("run", "up"):  # the children live in their own sessions: we stop them, in order
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal was closed
             signal.signal(sig, _raise_interrupt)
     try:
         if args.command in ("run", "up"):

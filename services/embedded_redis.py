@@ -18,6 +18,7 @@ from pathlib import Path
 
 import redis
 
+from services.processes import stop_with_launcher
 from shared.runtime import free_port
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ class EmbeddedRedis:
             [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes", "--appendfsync", "everysec", "--dir", self._workdir,
              "--logfile", str(self.log_path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=stop_with_launcher())
         return self._wait_ready()
 
     def _wait_ready(self) -> bool:

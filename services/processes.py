@@ -6,11 +6,14 @@ rollout replica; tests start single services with `start_service`. No service im
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +25,8 @@ log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 30
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal the kernel sends a process when the thread that started it exits."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +52,23 @@ def service_specs(config: Config) -> list[ServiceSpec]:
             ServiceSpec(name="trainer", module="services.trainer")]
 
 
+def stop_with_launcher() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes Linux SIGTERM the child when the launcher dies, however it dies (a
+    SIGKILL, a closed terminal's SIGHUP): without it the services, in their own sessions, and the embedded
+    redis-server ran on for ever as orphans, holding the admin port. None (no such guard) off Linux. The
+    launcher starts children from its main thread only (the signal follows the starting thread)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    launcher_pid = os.getpid()
+
+    def set_death_signal() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != launcher_pid:  # the launcher died before the guard was set
+            os._exit(0)
+
+    return set_death_signal
+
+
 def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str,
                   log_path: Path) -> subprocess.Popen[bytes]:
     """Start one child in its own session (so the launcher, not the terminal, decides the stop order)."""
@@ -56,7 +78,7 @@ def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str,
            *spec.extra_args]
     with log_path.open("ab") as log_file:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=stop_with_launcher())
 
 
 def stop_services(procs: dict[str, subprocess.Popen[bytes]], *,

@@ -1,0 +1,84 @@
+"""`dynsched run` dying never leaves its services or its embedded Redis running: a closed terminal
+(SIGHUP) stops them in order like Ctrl-C, and a SIGKILLed launcher's children are stopped by the kernel
+(Linux's parent-death signal). Before, both left every service and the redis-server running for ever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.live_run import live_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILDREN = 9
+"""controller, load balancer, four rollout workers, rollouter, trainer and redis-server (sim_small.yaml)."""
+
+
+def processes_naming(marker: str) -> dict[int, str]:
+    """Every process whose command line contains `marker` (pid: command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def run_children(config: Path) -> dict[int, str]:
+    """The run's services (their --config) and its redis-server (its --port, from their --redis-url)."""
+    services = {pid: cmd for pid, cmd in processes_naming(str(config)).items() if "services.cli" not in cmd}
+    urls = {cmd.split("--redis-url ")[1].split()[0] for cmd in services.values() if "--redis-url " in cmd}
+    ports = {url.rsplit(":", 1)[1].split("/")[0] for url in urls}
+    redis = {pid: cmd for port in ports for pid, cmd in processes_naming(f"127.0.0.1:{port}").items()
+             if "redis-server" in cmd}
+    return {**services, **redis}
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float) -> Any:
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    return predicate()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
+def test_a_launcher_that_dies_mid_run_leaves_no_service_and_no_redis_running(
+        tmp_path: Path, sig: int) -> None:
+    # 4096 samples: minutes long, still running at the kill
+    config = live_config(tmp_path, time_scale=0.05, total_rollout_steps=4096)
+    output = tmp_path / "launcher.log"
+    with output.open("wb") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "services.cli", "run", "--config", str(config),
+                                     "--out", str(tmp_path / "run"), "--no-progress"], cwd=ROOT,
+                                    stdout=out, stderr=subprocess.STDOUT)
+    try:
+        children = wait_until(lambda: len(found := run_children(config)) >= CHILDREN and found, timeout_s=60)
+        assert children and len(children) == CHILDREN, f"the run's processes: {children}"
+        launcher.send_signal(sig)
+        launcher.wait(timeout=30)
+        wait_until(lambda: not run_children(config), timeout_s=20)
+        left = run_children(config)
+    finally:
+        launcher.kill()
+        for pid in run_children(config):
+            os.kill(pid, signal.SIGKILL)
+    assert left == {}, f"still running after the launcher died: {left}"
+    if sig == signal.SIGHUP:
+        assert launcher.returncode == 130 and "interrupted; services stopped" in output.read_text()
