@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import redis
 
+from core.flow import FlowLimits
 from policies.check import load_checked_config
 from services import launcher
 from shared.admin_auth import check_bind, load_admin_token
@@ -51,9 +52,15 @@ def check_config(config_path: str) -> Config:
     if not Path(config_path).is_file():
         raise CliError(f"config file not found: {config_path}")
     try:
-        return load_checked_config(config_path)
+        config = load_checked_config(config_path)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    flow = FlowLimits.from_config(config)
+    if flow.total_train_steps == 0:
+        raise CliError(f"{config_path}: data.total_rollout_steps={flow.total_rollout_steps} trains nothing: "
+                       f"a weight version takes {flow.step_required} samples (ppo_mini_batch_size x "
+                       "require_batches x trigger_parameter_sync_step)")
+    return config
 
 
 def check_admin(config: Config) -> None:

@@ -114,6 +114,16 @@ def test_an_invalid_config_value_is_reported_with_its_key(capsys: pytest.Capture
     assert not (tmp_path / "out" / "logs").exists(), "nothing may start for an invalid config"
 
 
+def test_a_run_too_short_to_train_one_weight_version_is_one_line_before_anything_starts(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "short.yaml"
+    config.write_text("data: {total_rollout_steps: 7}\ntrainer: {ppo_mini_batch_size: 4}\n")
+    assert main(["run", "--config", str(config), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "data.total_rollout_steps=7 trains nothing" in err and "takes 16 samples" in err
+    assert not (tmp_path / "out" / "logs").exists(), "nothing may start for a run that trains nothing"
+
+
 def test_policy_ratio_out_of_range_reports_the_servers_4xx_text(
         admin: tuple[str, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
     address, calls = admin
