@@ -4,7 +4,8 @@ Where it sits: a bench over `services.launcher.Job` (every service its own proce
 redis-server), as `dynsched run` runs it. Each trial starts `configs/sim_small.yaml` (hybrids switching
 every cycle, `fixed_ratio`), waits a random number of micro-steps, then SIGKILLs a random set of services
 (controller, trainer, rollouter, load balancer, any rollout worker, Redis itself) at a random moment,
-once or twice (or, with `--hang-share`, SIGSTOPs some of them: hung, neither exiting nor answering);
+once or twice (or, with `--hang-share`, SIGSTOPs some of them: hung, neither exiting nor answering; with
+`--term-share`, SIGTERMs some: a clean stop, exit status 0, through each service's shutdown path);
 the launcher must restart them and the run must end DONE with `lost` 0 and `duplicated`
 0 and every fed sample trained, and no service the faults did not hit may have been restarted (a
 collateral crash: a peer's fault that stopped another service). A trial that does not finish within
@@ -15,7 +16,7 @@ The fault tests (tests/test_faults_*.py) each pin one injection; this draws many
 nobody wrote a test for (a kill during a weight sync, during a switch, two services at once).
 
 Run: ``python -m bench.chaos [--trials 10] [--seed 0] [--time-scale 0.02] [--samples 256] [--hang-share 0.5]
-[--policy fixed_ratio] [--set KEY=VALUE ...] [--out FILE]``
+[--term-share 0.3] [--policy fixed_ratio] [--set KEY=VALUE ...] [--out FILE]``
 (~1 minute per trial on a quiet machine). ``--policy`` and ``--set`` (dotted config keys) put other paths
 under the faults, e.g. the fast switch mechanics: ``--policy adaptive --set
 async_training.dynamic_schedule_fold_hybrid_sync=true --set async_training.dynamic_schedule_overlap_wake=true
@@ -47,21 +48,33 @@ REDIS = "redis"
 """The embedded Redis server as a fault target (its process belongs to the launcher, not to `procs`)."""
 
 
+SIGNALS = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "term": signal.SIGTERM}
+"""Per fault kind: `hang` is a process that neither exits nor answers, `term` a clean stop (exit 0)."""
+
+
 def inject(job: launcher.Job, target: str, fault: str) -> None:
-    """SIGKILL (`kill`) or SIGSTOP (`hang`: a process that neither exits nor answers) one target."""
+    """Send one target its fault's signal (`SIGNALS`; the embedded Redis is always killed)."""
     if target == REDIS:
         if job.embedded is not None and job.embedded.proc is not None:
             job.embedded.proc.kill()
         return
     proc = job.procs.get(target)
     if proc is not None and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGSTOP if fault == "hang" else signal.SIGKILL)
+        os.kill(proc.pid, SIGNALS[fault])
+
+
+def draw_fault(draw: float, *, hang_share: float, term_share: float) -> str:
+    """The fault kind for a uniform `draw` in [0, 1): `hang` below hang_share, then `term` for the next
+    term_share, else `kill` (one draw per victim, so the shares do not change other seeds' faults)."""
+    if draw < hang_share:
+        return "hang"
+    return "term" if draw < hang_share + term_share else "kill"
 
 
 def collateral_restarts(summary: dict[str, Any], faults: list[dict[str, Any]]) -> dict[str, int]:
     """Services restarted (after a crash or a hang) that no fault hit: a peer's fault that made another
     service exit is a bug even when the restart hides it (the run finishes, and the restart budget pays)."""
-    victims = {target for fault in faults for key, target in fault.items() if key in ("kill", "hang")}
+    victims = {target for fault in faults for key, target in fault.items() if key in SIGNALS}
     restarted: dict[str, int] = {}
     for kind in ("restarts", "hung_kills"):
         for name, count in (summary.get(kind) or {}).items():
@@ -71,7 +84,7 @@ def collateral_restarts(summary: dict[str, Any], faults: list[dict[str, Any]]) -
 
 
 def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
-              hang_share: float = 0.0, policy: str = "fixed_ratio",
+              hang_share: float = 0.0, term_share: float = 0.0, policy: str = "fixed_ratio",
               changes: dict[str, Any] | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
@@ -95,7 +108,8 @@ def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
                 time.sleep(rng.uniform(0.0, 1.0))  # somewhere inside the micro-step, the sync or a switch
                 victims = rng.sample(targets, k=rng.choice((1, 1, 2)))
                 for victim in victims:
-                    fault = "hang" if victim != REDIS and rng.random() < hang_share else "kill"
+                    fault = draw_fault(rng.random() if victim != REDIS else 1.0, hang_share=hang_share,
+                                       term_share=term_share)
                     inject(job, victim, fault)
                     faults.append({"after_micro_step": job.completed_micro_steps(), fault: victim})
             while time.monotonic() - started < timeout_s:
@@ -125,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=240.0)
     parser.add_argument("--hang-share", type=float, default=0.0,
                         help="share of faults that SIGSTOP a service instead of killing it (not Redis)")
+    parser.add_argument("--term-share", type=float, default=0.0,
+                        help="share of faults that SIGTERM a service (a clean stop) instead (not Redis)")
     parser.add_argument("--policy", default="fixed_ratio", help="the trials' dynamic scheduling policy")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a dotted config key of the trials' config (repeatable)")
@@ -134,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for k in range(args.trials):
         result = run_trial(args.seed + k, time_scale=args.time_scale, samples=args.samples,
-                           timeout_s=args.timeout_s, hang_share=args.hang_share, policy=args.policy,
+                           timeout_s=args.timeout_s, hang_share=args.hang_share,
+                           term_share=args.term_share, policy=args.policy,
                            changes=changes)
         results.append(result)
         collateral = f" collateral restarts {result['collateral']}" if result["collateral"] else ""
