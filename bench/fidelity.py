@@ -25,6 +25,8 @@ larger z). With `--repeats 2` the same numbers are also given for two runs of th
 policy, the direct measure of run-to-run variance. `--policies ... fixed_ratio` adds a third arm
 without the default policy's cost gate: on a quiet machine `default` may decide switching does
 not pay and activate only at the initial sync, while fixed_ratio switches at most cycles.
+`--policies ... adaptive` adds the measured policy (issue 11), and `--set KEY=VALUE` changes the
+dynamic arms' config, e.g. the fast switch mechanics.
 
 The static baseline always reloads weights from the filesystem; the dynamic arms use what the
 config says (configs/real_ci.yaml: gloo pushes), so the comparison covers the transport too.
@@ -48,9 +50,11 @@ from typing import Any
 
 import yaml
 
+from bench import parse_sets
 from services.launcher import PROJECT_ROOT, run_job
+from shared.config import config_from_dict, config_to_dict, replace_config
 
-POLICIES = ("static_fully_async", "default", "fixed_ratio")
+POLICIES = ("static_fully_async", "default", "fixed_ratio", "adaptive")
 SMOOTH_VERSIONS = 5
 Z_WINDOW = 3.0
 Z_MAX = 3.5
@@ -114,11 +118,15 @@ def compare(a: Sequence[float], b: Sequence[float], *, trajectories_per_version:
     }
 
 
-def write_config(base: Path, dest: Path, *, policy: str, model_dir: Path, work_dir: Path) -> Path:
+def write_config(base: Path, dest: Path, *, policy: str, model_dir: Path, work_dir: Path,
+                 changes: dict[str, Any] | None = None) -> Path:
     """`base` with the given policy (dynamic scheduling stays on: same replicas, same processes).
     The static baseline reloads weights from the filesystem whatever `base` pushes with, so a
-    push transport is compared against the plain path too (as tests/test_e2e_real.py does)."""
+    push transport is compared against the plain path too (as tests/test_e2e_real.py does).
+    `changes` (dotted keys, `--set`) apply to the dynamic arms only: the baseline stays the same."""
     data = yaml.safe_load(base.read_text())
+    if changes and policy != "static_fully_async":
+        data = config_to_dict(replace_config(config_from_dict(data, source=str(base)), changes))
     if policy == "static_fully_async":
         data.setdefault("rollout", {}).update(standalone_weight_transport="filesystem",
                                               hybrid_weight_transport="filesystem")
@@ -135,15 +143,15 @@ def rewards_of(out_dir: Path) -> list[float]:
     return [float(row["training/reward_mean"]) for row in rows]
 
 
-def run_policy(base: Path, out_root: Path, *, policy: str, repeat: int, model_dir: Path,
-               timeout_s: float, reuse: bool = False) -> dict[str, Any]:
+def run_policy(base: Path, out_root: Path, *, policy: str, repeat: int, model_dir: Path, timeout_s: float,
+               reuse: bool = False, changes: dict[str, Any] | None = None) -> dict[str, Any]:
     run_dir = out_root / f"{policy}_{repeat}"
     if reuse and (run_dir / "run.json").exists():
         return dict(json.loads((run_dir / "run.json").read_text()))
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     config_path = write_config(base, run_dir / "config_in.yaml", policy=policy, model_dir=model_dir,
-                               work_dir=run_dir / "work")
+                               work_dir=run_dir / "work", changes=changes)
     started = time.monotonic()
     summary = run_job(config_path, run_dir / "out", progress=False, timeout_s=timeout_s)
     shutil.rmtree(run_dir / "work", ignore_errors=True)  # weight versions and checkpoints: not needed
@@ -221,7 +229,11 @@ def main(argv: list[str] | None = None) -> None:
                              "machine")
     parser.add_argument("--reuse", action="store_true", help="keep runs already under --out (their run.json)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per run")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a dotted config key of the dynamic arms (repeatable), e.g. "
+                             "async_training.dynamic_schedule_fold_hybrid_sync=true")
     args = parser.parse_args(argv)
+    changes = parse_sets(args.set)
     base, model_dir, out_root = (Path(p).resolve() for p in (args.config, args.model_dir, args.out))
     if not (model_dir / "config.json").exists():
         raise SystemExit(f"no model in {model_dir}; "
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for repeat, policy in itertools.product(range(args.repeats), args.policies):
         runs.append(run_policy(base, out_root, policy=policy, repeat=repeat, model_dir=model_dir,
-                               timeout_s=args.timeout_s, reuse=args.reuse))
+                               timeout_s=args.timeout_s, reuse=args.reuse, changes=changes))
         print(f"{policy} #{repeat}: {runs[-1]['wall_time_s']:.0f}s", flush=True)
     result = summarize(runs, trajectories_per_version=per_version)
     result["config"] = str(base.relative_to(PROJECT_ROOT) if base.is_relative_to(PROJECT_ROOT) else base)
