@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -64,12 +65,24 @@ def check_config(config_path: str) -> Config:
 
 
 def check_admin(config: Config) -> None:
-    """A controller told to bind off loopback without an admin token would refuse to start: say so
-    before anything starts (the controller reads the same environment)."""
+    """A controller told to bind off loopback without an admin token, or to a fixed port another process
+    holds, would refuse to start (the second after its restart budget): say so before anything starts
+    (the controller reads the same environment and binds the same way)."""
+    host, port = config.run.admin_host, config.run.admin_port
     try:
-        check_bind(config.run.admin_host, load_admin_token())
+        check_bind(host, load_admin_token())
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CliError(f"run.admin_port={port} cannot be bound on {host} ({exc.strerror}): another "
+                           "process holds it (an earlier run?); pick another port, or 0 for a free "
+                           "one") from exc
 
 
 def check_redis(redis_url: str | None) -> None:

@@ -6,6 +6,7 @@ CLI's real HTTP path (httpx, status codes, error bodies) is exercised without a 
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -122,6 +123,21 @@ def test_a_run_too_short_to_train_one_weight_version_is_one_line_before_anything
     err = capsys.readouterr().err
     assert "data.total_rollout_steps=7 trains nothing" in err and "takes 16 samples" in err
     assert not (tmp_path / "out" / "logs").exists(), "nothing may start for a run that trains nothing"
+
+
+def test_an_admin_port_another_process_holds_is_one_line_before_anything_starts(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = tmp_path / "port.yaml"
+        config.write_text(f"run: {{admin_port: {port}}}\ndata: {{total_rollout_steps: 64}}\n"
+                          "trainer: {ppo_mini_batch_size: 4}\n")
+        assert main(["run", "--config", str(config), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"run.admin_port={port} cannot be bound on 127.0.0.1" in err and "another process holds it" in err
+    assert not (tmp_path / "out" / "logs").exists(), "nothing may start"
 
 
 def test_policy_ratio_out_of_range_reports_the_servers_4xx_text(
