@@ -60,9 +60,10 @@ def stop_with_launcher() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     launcher_pid = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
 
     def set_death_signal() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != launcher_pid:  # the launcher died before the guard was set
             os._exit(0)
 
