@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import pickle
 
 import pytest
@@ -153,3 +154,41 @@ async def test_a_gone_replica_is_left_out_of_the_push_group_and_sent_a_reload_fo
     assert pushed == [("standalone_0",)]
     assert reloaded == [(("standalone_1",), [False], 3, "/w/v3")]
     assert (report.pushed, report.ok, report.transport) == (True, True, "nccl")
+
+
+async def test_a_push_call_returns_once_acked_even_when_redis_swallowed_the_cancel_of_its_watch(
+        redis_server, monkeypatch):
+    """Found by `bench.fidelity` with the fast mechanics: the initial push hung for ever after both workers
+    had acked, because the call cancels its heartbeat watch when the acks are in and then awaits it, and
+    redis-py can swallow a cancel that lands in a command (redis/redis-py#2028): the watch looped on."""
+    bus = Bus(connect(redis_server.url), Names("test"))
+    rpc = CommandClient(bus, timeout_s=30.0, max_attempts=1)
+    await rpc.start()
+    await bus.redis.set(bus.names.worker_heartbeat("standalone_0"), "incarnation-1", ex=30)
+    real_mget = bus.redis.mget
+
+    async def mget_that_swallows_a_cancel(keys):  # type: ignore[no-untyped-def]
+        values = await real_mget(keys)
+        with contextlib.suppress(asyncio.CancelledError):  # as redis-py can, while it reads the reply
+            await asyncio.sleep(2.0)  # the ack lands meanwhile, and the call cancels its watch here
+        return values
+
+    monkeypatch.setattr(bus.redis, "mget", mget_that_swallows_a_cancel)
+    commands = await bus.subscribe(bus.names.worker_commands("standalone_0"), "worker", "standalone_0")
+    stop = asyncio.Event()
+
+    async def acknowledge(command: Command) -> None:
+        return None
+
+    worker = asyncio.create_task(bus.serve_commands(commands, stop, sender="standalone_0", apply=acknowledge))
+    client = StreamSyncClient(rpc=rpc, names=bus.names, loop=asyncio.get_running_loop(),
+                              replica_ids=["standalone_0"], version=3, incarnations=("incarnation-1",))
+    try:
+        async with asyncio.timeout(15):
+            await asyncio.to_thread(client.start_weight_update)
+    finally:
+        stop.set()
+        await worker
+        await commands.close()
+        await rpc.close()
+        await bus.redis.aclose()

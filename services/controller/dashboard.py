@@ -24,7 +24,7 @@ from core.timeline import TRAINER, Interval, timeline
 from services.controller.service import Controller
 from shared import schema
 from shared.names import TRAINER_GROUP
-from shared.streams import group_lag
+from shared.streams import group_lag, raise_if_cancel_swallowed
 
 STATIC_DIR = Path(__file__).with_name("static")
 STATIC_FILES = {"dashboard.html": "text/html; charset=utf-8",
@@ -58,6 +58,7 @@ class MqSampler:
         while True:
             with contextlib.suppress(Exception):
                 await self.sample()
+            raise_if_cancel_swallowed()  # a cancel redis-py swallowed (redis/redis-py#2028) ends it too
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
 

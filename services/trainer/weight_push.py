@@ -26,6 +26,7 @@ from shared.bus import text
 from shared.names import Names
 from shared.rpc import CommandClient
 from shared.schema import PUSH_ACTIONS, CommandAction, PushStep
+from shared.streams import raise_if_cancel_swallowed
 from shared.weight_transfer import TARGET_KEY, SyncClient
 
 WATCH_INTERVAL_S = 0.5
@@ -82,6 +83,9 @@ class StreamSyncClient(SyncClient):
         expected = self.incarnations or (None,) * len(keys)
         while True:
             beats = await self.rpc.bus.redis.mget(keys)
+            # `_fan_out` cancels this watch once the acks are in, then awaits it: a cancel redis-py
+            # swallowed in the MGET (redis/redis-py#2028) kept it looping, and the push waiting, for ever
+            raise_if_cancel_swallowed()
             for replica_id, beat, incarnation in zip(self.replica_ids, beats, expected, strict=True):
                 if beat is None or (incarnation is not None and text(beat) != incarnation):
                     raise ValueError(f"{replica_id}'s worker stopped or restarted during {action}")
