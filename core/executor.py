@@ -311,10 +311,11 @@ class ExecutorCore:
             report.pushes += 1
             report.push_fallbacks += not push.ok
             outcome = "ok" if push.ok else f"failed: {push.error}"
+            transport = push.transport or result.transport
             yield Audit(event=AuditRecord(
-                kind=AuditKind.PUSH, transport=result.transport, replica_ids=tuple(push.replica_ids),
+                kind=AuditKind.PUSH, transport=transport, replica_ids=tuple(push.replica_ids),
                 ok=push.ok, error=push.error, duration_s=push.push_s, version=command.version,
-                detail=f"{result.transport} {push.replica_ids} {outcome} {push.push_s:.3f}s"))
+                detail=f"{transport} {push.replica_ids} {outcome} {push.push_s:.3f}s"))
 
 
 def drive(plan: Plan[T], perform: Callable[[Op], Any]) -> T:

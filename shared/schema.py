@@ -174,21 +174,23 @@ class RolloutReport:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PushGroupReport:
-    """One push of a weight sync: a sync pushes to its replicas in the transport's groups
-    (shared/weight_transfer.py `push_groups`: one broadcast group, or one ipc push per replica)."""
+    """One push of a weight sync: a sync pushes to its replicas in groups (shared/weight_transfer.py
+    `push_plan`: standalones and hybrids apart, one broadcast group per role, or one ipc push per replica)."""
 
     replica_ids: list[str]
     ok: bool = True
     """False: the push failed with `error`, and these replicas reloaded from the filesystem."""
     error: str = ""
     push_s: float = 0.0
+    transport: str = ""
+    """The push transport of this group ('': the sync's `transport`, from a trainer before groups had one)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WeightSyncReport:
     """The trainer's answer to SYNC_WEIGHTS: how the replicas got the version.
-    `pushed`: a push over `transport` was tried (all replicas alive and on that transport), one per
-    group in `pushes`; `ok` False: a group's push failed (`error`: the failed groups' errors), and
+    `pushed`: a push was tried (`transport`: the transports tried, '+'-joined), one per group in
+    `pushes`; `ok` False: a group's push failed (`error`: the failed groups' errors), and
     that group's replicas (every replica, without a push) reloaded the version from the filesystem.
     `push_s`: the pushes' time together."""
 

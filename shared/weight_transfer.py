@@ -29,7 +29,7 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from shared.vocab import PUSH_ACTIONS, PushStep
@@ -55,6 +55,24 @@ WATCH_POLL_S = 0.1
 
 class PushAborted(RuntimeError):
     """A push was aborted: its deadline passed or a target failed; the group is unusable."""
+
+
+def push_plan(transports: Mapping[str, str], replica_ids: Sequence[str],
+              roles: Sequence[Collection[str]]) -> list[tuple[str, tuple[str, ...]]]:
+    """(transport, group) for each push of one sync to `replica_ids`: the replicas of each role (the
+    standalones, the hybrids) apart, each role over its own transport (`transports`: replica id ->
+    push transport; absent or 'filesystem': not pushed), split by `push_groups`. A replica belongs to
+    one push group for good: vLLM's engine holds one transfer group, so a sync that also pushes the
+    hybrids (`dynamic_schedule_fold_hybrid_sync`) must not form a group of standalones and hybrids
+    that the next sync, without them, would replace (a gloo push hung, then fell back, each time)."""
+    plan = []
+    for role in roles:
+        members = [r for r in replica_ids if r in role]
+        for transport in dict.fromkeys(transports.get(r, "") for r in members):
+            if transport and transport != "filesystem":
+                group = [r for r in members if transports.get(r) == transport]
+                plan += [(transport, g) for g in push_groups(transport, group)]
+    return plan
 
 
 def push_groups(transport: str, replica_ids: Sequence[str]) -> list[tuple[str, ...]]:

@@ -181,3 +181,29 @@ async def test_a_worker_stuck_in_a_push_exits_and_its_replacement_refuses_the_ol
         assert fresh.engine.steps == []
     finally:
         await bus.redis.aclose()
+
+
+class _CachedGroup:
+    """A cached trainer engine as `close_group` sees it."""
+
+    def __init__(self) -> None:
+        self.model_update_group = None
+        self.closed = False
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+def test_forming_a_push_group_closes_the_cached_groups_its_replicas_were_in(tmp_path):
+    # vLLM's engine holds one transfer group: a replica that joins a new group no longer listens on its
+    # old one, so a cached group with it must be formed anew, not broadcast to
+    trainer = _trainer(tmp_path)
+    pair, alone, other = _CachedGroup(), _CachedGroup(), _CachedGroup()
+    trainer._push_groups = {("gloo", ("standalone_0", "standalone_1")): (("a", "b"), pair),
+                            ("gloo", ("hybrid_0",)): (("c",), other)}
+    trainer._close_overlapping_groups(("gloo", ("standalone_0",)))
+    assert pair.closed and not other.closed
+    assert list(trainer._push_groups) == [("gloo", ("hybrid_0",))]
+    trainer._push_groups[("gloo", ("standalone_0",))] = (("a",), alone)
+    trainer._close_overlapping_groups(("gloo", ("hybrid_0",)))
+    assert not alone.closed and other.closed

@@ -18,7 +18,7 @@ from shared.names import Names
 from shared.rpc import CommandClient
 from shared.schema import Command, CommandAck, CommandAction, decode, encode
 from shared.streams import connect
-from shared.weight_transfer import init_info_for, push_groups, wire_safe
+from shared.weight_transfer import init_info_for, push_groups, push_plan, wire_safe
 from tests.stack import sim_config
 
 
@@ -62,6 +62,22 @@ def test_an_ipc_push_goes_to_one_replica_at_a_time_and_a_broadcast_to_the_whole_
     assert push_groups("ipc", ["hybrid_0", "hybrid_1"]) == [("hybrid_0",), ("hybrid_1",)]
     assert push_groups("nccl", ["standalone_0", "standalone_1"]) == [("standalone_0", "standalone_1")]
     assert push_groups("gloo", []) == []
+
+
+def test_a_sync_that_also_pushes_the_hybrids_keeps_each_replica_in_its_own_roles_group():
+    # vLLM's engine holds one transfer group: a folded sync (standalones and hybrids in one command) must
+    # not form a group of both, which the next sync without the hybrids would replace
+    roles = ({"standalone_0", "standalone_1"}, {"hybrid_0", "hybrid_1"})
+    gloo = dict.fromkeys(("standalone_0", "standalone_1", "hybrid_0", "hybrid_1"), "gloo")
+    assert push_plan(gloo, ["standalone_0", "standalone_1", "hybrid_0"], roles) == [
+        ("gloo", ("standalone_0", "standalone_1")), ("gloo", ("hybrid_0",))]
+    assert push_plan(gloo, ["standalone_0", "standalone_1"], roles) == [
+        ("gloo", ("standalone_0", "standalone_1"))]
+    mixed = {"standalone_0": "nccl", "standalone_1": "nccl", "hybrid_0": "ipc", "hybrid_1": "ipc"}
+    assert push_plan(mixed, ["standalone_0", "standalone_1", "hybrid_0", "hybrid_1"], roles) == [
+        ("nccl", ("standalone_0", "standalone_1")), ("ipc", ("hybrid_0",)), ("ipc", ("hybrid_1",))]
+    filesystem_hybrids = {"standalone_0": "gloo", "hybrid_0": "filesystem"}
+    assert push_plan(filesystem_hybrids, ["standalone_0", "hybrid_0"], roles) == [("gloo", ("standalone_0",))]
 
 
 async def test_a_push_call_gives_up_at_once_when_a_target_worker_dies_instead_of_waiting_for_its_ack(

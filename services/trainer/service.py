@@ -63,7 +63,7 @@ from shared.schema import (
     decode,
 )
 from shared.streams import StreamConsumer, group_lag
-from shared.weight_transfer import push_groups
+from shared.weight_transfer import push_plan
 
 log = logging.getLogger(__name__)
 CONSUMER = "trainer"
@@ -322,33 +322,32 @@ class Trainer:
 
     async def sync_replicas(self, replica_ids: tuple[str, ...], version: int,
                             weights_path: str) -> WeightSyncReport:
-        """Push when these replicas share a push transport, to the live ones only, one push per group
-        of `push_groups` (ipc: one replica at a time, so a hybrid that cannot take it fails alone);
-        the replicas of a failed push, the gone ones (sent, not awaited: replayed on their return),
-        or all of them without a push, reload `version` from the filesystem."""
-        transports = {self.transports.get(r, "") for r in replica_ids}
-        transport = transports.pop() if len(transports) == 1 else ""
+        """Push to the live replicas that have a push transport, one push per group of `push_plan`
+        (standalones and hybrids apart, each over its transport; ipc: one replica at a time, so a hybrid
+        that cannot take it fails alone); the replicas of a failed push, the gone ones (sent, not awaited:
+        replayed on their return) and those without a push reload `version` from the filesystem."""
         alive = await self._alive(replica_ids)
         live_ids = tuple(r for r, up in zip(replica_ids, alive, strict=True) if up)
-        pushed = bool(transport and live_ids)
+        roles = (set(self.config.standalone_ids), set(self.config.hybrid_ids))
+        plan = push_plan(self.transports, live_ids, roles)
         pushes: list[PushGroupReport] = []
-        for group in push_groups(transport, live_ids) if pushed else []:
+        for transport, group in plan:
             started = time.monotonic()
             error = await self._push(group, version, transport)
             pushes.append(PushGroupReport(replica_ids=list(group), ok=not error, error=error,
-                                          push_s=time.monotonic() - started))
+                                          push_s=time.monotonic() - started, transport=transport))
             if error:
                 log.warning("%s push of v%d to %s failed (%s): falling back to the filesystem", transport,
                             version, list(group), error)
-        failed = {r for p in pushes if not p.ok for r in p.replica_ids}
-        if failed or not pushed or len(live_ids) < len(replica_ids):
-            reload = [(r, a) for r, a in zip(replica_ids, alive, strict=True)
-                      if not pushed or r in failed or not a]
+        pushed_ok = {r for p in pushes if p.ok for r in p.replica_ids}
+        reload = [(r, a) for r, a in zip(replica_ids, alive, strict=True) if r not in pushed_ok]
+        if reload:
             await self._load_from_filesystem(tuple(r for r, _ in reload), [a for _, a in reload], version,
                                              weights_path)
+        failed = [p for p in pushes if not p.ok]
         return WeightSyncReport(replica_ids=list(replica_ids), version=version,
-                                transport=transport if pushed else "", pushed=pushed, ok=not failed,
-                                error="; ".join(p.error for p in pushes if not p.ok),
+                                transport="+".join(dict.fromkeys(t for t, _ in plan)), pushed=bool(plan),
+                                ok=not failed, error="; ".join(p.error for p in failed),
                                 push_s=sum(p.push_s for p in pushes), pushes=pushes)
 
     async def _push(self, replica_ids: tuple[str, ...], version: int, transport: str) -> str:

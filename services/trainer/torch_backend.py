@@ -274,6 +274,7 @@ class TorchGRPOTrainer:
             engine = None
         try:
             if engine is None:
+                self._close_overlapping_groups(key)
                 world_size = 1 + len(client.replica_ids) * client.replica_world_size  # trainer = rank 0
                 port = self._port(key) if transport in weight_transfer.RENDEZVOUS_TRANSPORTS else 0
                 engine = weight_transfer.trainer_engine(
@@ -288,6 +289,15 @@ class TorchGRPOTrainer:
                 weight_transfer.close_group(engine)
             raise
         self._push_groups[key] = (members, engine)
+
+    def _close_overlapping_groups(self, key: tuple[str, tuple[str, ...]]) -> None:
+        """A replica joining a new group leaves its old one (vLLM's engine holds one transfer group):
+        close the cached groups it was in, so a later push to them forms them anew instead of
+        broadcasting to a replica that no longer listens (e.g. a group of two formed again after one
+        of them was pushed alone while the other was gone)."""
+        for other in [k for k in self._push_groups if set(k[1]) & set(key[1])]:
+            log.info("%s joins a new push group: closing its old group %s", list(key[1]), list(other[1]))
+            weight_transfer.close_group(self._push_groups.pop(other)[1])
 
     def release_gpu(self) -> None:
         """Drop the gradients (the step that needed them is done), move params and optimizer state
