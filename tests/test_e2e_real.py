@@ -320,3 +320,26 @@ def test_a_standalone_worker_killed_mid_run_rejoins_the_push_group_and_nothing_i
     per_version = job.config.trainer.ppo_mini_batch_size * at.trigger_parameter_sync_step * at.require_batches
     late = [t for s in samples[(killed_at + 1) * per_version:] for t in s.trajectories]
     assert late and min(t.min_version for t in late) >= killed_at - 1, sorted({t.min_version for t in late})
+
+
+def test_the_fast_switch_mechanics_push_every_sync_to_stable_groups_and_lose_nothing(
+        model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """fixed_ratio switches at most cycles; with the hybrid's sync folded into the standalone's (and the
+    trainer's offload overlapped with the wake and sleep) a sync pushes to both replicas, the next one to
+    the standalone alone. Each replica keeps its own gloo group (shared/weight_transfer.py `push_plan`):
+    before, the folded sync's shared group replaced the standalone's, the next push failed and its
+    fallback waited minutes for a worker stuck in the dead group."""
+    base = tmp_path_factory.mktemp("real_fast")
+    fast = {"dynamic_schedule_policy": "fixed_ratio", "dynamic_schedule_fold_hybrid_sync": True,
+            "dynamic_schedule_overlap_wake": True, "dynamic_schedule_overlap_sleep": True}
+    config_path = write_run_config(CI_CONFIG, base / "fast.yaml", model_dir=model_dir, work_dir=base / "work",
+                                   overrides={"data": {"total_rollout_steps": 768}, "async_training": fast})
+    run = launch(config_path, base / "out")
+    counts = run.summary["samples"]
+    assert counts[AccountingField.TRAINED] == counts[AccountingField.FED] == 768 and counts[LOST] == 0
+    assert run.summary["switches"]["activations"] >= 2, run.summary["switches"]
+    pushes = [e for e in run.audit if e.kind is AuditKind.PUSH]
+    assert all(e.ok for e in pushes), [e for e in pushes if not e.ok]
+    groups = {tuple(e.replica_ids) for e in pushes}
+    assert ("hybrid_0",) in groups and groups <= {("standalone_0",), ("hybrid_0",)}, groups
+    assert sum(row["weights/push_fallbacks"] for row in run.metrics) == 0
