@@ -44,6 +44,7 @@ from services.embedded_redis import redis_executable as redis_executable
 from services.processes import LOG_TAIL_LINES as LOG_TAIL_LINES
 from services.processes import STOP_TIMEOUT_S as STOP_TIMEOUT_S
 from services.processes import ServiceSpec as ServiceSpec
+from services.processes import kill_leftovers
 from services.processes import log_tail as log_tail
 from services.processes import service_specs as service_specs
 from services.processes import start_service as start_service
@@ -245,6 +246,7 @@ class Job:
                 continue
             if proc.poll() is None:
                 continue
+            kill_leftovers(proc)  # its engine processes, before its replacement starts its own
             path = self.log_dir / f"{name}.log"
             budget = self.budgets[name]
             if (delay_s := budget.take(now_s)) is None:

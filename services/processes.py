@@ -6,6 +6,7 @@ rollout replica; tests start single services with `start_service`. No service im
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -82,6 +83,14 @@ def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str,
                                 start_new_session=True, preexec_fn=stop_with_launcher())
 
 
+def kill_leftovers(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL what is left of an exited child's process group (it leads one: `start_new_session`): a
+    rollout worker that exits without stopping its engine (a crash, the stuck-loop exit) leaves vLLM's
+    EngineCore process running, holding its memory (on a GPU host, the memory its restart needs)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def stop_services(procs: dict[str, subprocess.Popen[bytes]], *,
                   timeout_s: float = STOP_TIMEOUT_S) -> dict[str, int]:
     """SIGTERM every child (last started first), SIGKILL what is left after `timeout_s`; the exit codes."""
@@ -96,6 +105,7 @@ def stop_services(procs: dict[str, subprocess.Popen[bytes]], *,
             log.warning("%s did not stop within %.0fs; killing it", name, timeout_s)
             proc.kill()
             proc.wait()
+        kill_leftovers(proc)
     return {name: int(proc.returncode) for name, proc in procs.items()}
 
 

@@ -1,6 +1,7 @@
 """`dynsched run` dying never leaves its services or its embedded Redis running: a closed terminal
 (SIGHUP) stops them in order like Ctrl-C, and a SIGKILLed launcher's children are stopped by the kernel
-(Linux's parent-death signal). Before, both left every service and the redis-server running for ever."""
+(Linux's parent-death signal). Before, both left every service and the redis-server running for ever.
+A child that exits has what is left of its process group killed (a worker's vLLM engine process)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,27 @@ def test_a_launcher_that_dies_mid_run_leaves_no_service_and_no_redis_running(
     assert left == {}, f"still running after the launcher died: {left}"
     if sig == signal.SIGHUP:
         assert launcher.returncode == 130 and "interrupted; services stopped" in output.read_text()
+
+
+def test_a_child_that_exits_leaving_a_process_of_its_own_has_it_killed(tmp_path: Path) -> None:
+    # as a rollout worker that exits without stopping vLLM's EngineCore process (a crash, the stuck-loop exit)
+    from services.processes import kill_leftovers
+
+    grandchild_pid = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys; "
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              f"open({str(grandchild_pid)!r}, 'w').write(str(p.pid))")
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    child.wait(timeout=30)
+    pid = int(grandchild_pid.read_text())
+    assert Path(f"/proc/{pid}").exists(), "the child's own process outlives it"
+    kill_leftovers(child)
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), timeout_s=10)
+
+
+def _zombie(pid: int) -> bool:
+    """Killed, not yet reaped by its new parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
