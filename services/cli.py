@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import redis
 from core.flow import FlowLimits
 from policies.check import load_checked_config
 from services import launcher
-from shared.admin_auth import check_bind, load_admin_token
+from shared.admin_auth import bind_admin_socket, check_bind, load_admin_token
 from shared.config import Config, config_json_schema
 from shared.names import DEFAULT_NAMESPACE, Names, RunStatus
 
@@ -75,14 +74,11 @@ def check_admin(config: Config) -> None:
         raise CliError(str(exc)) from exc
     if port == 0:
         return
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise CliError(f"run.admin_port={port} cannot be bound on {host} ({exc.strerror}): another "
-                           "process holds it (an earlier run?); pick another port, or 0 for a free "
-                           "one") from exc
+    try:
+        bind_admin_socket(host, port).close()
+    except OSError as exc:
+        raise CliError(f"run.admin_port={port} cannot be bound on {host} ({exc.strerror}): another "
+                       "process holds it (an earlier run?); pick another port, or 0 for a free one") from exc
 
 
 def check_redis(redis_url: str | None) -> None:

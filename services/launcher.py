@@ -25,12 +25,9 @@ the controller's admin API. A run, in order:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -44,7 +41,7 @@ from services.embedded_redis import redis_executable as redis_executable
 from services.processes import LOG_TAIL_LINES as LOG_TAIL_LINES
 from services.processes import STOP_TIMEOUT_S as STOP_TIMEOUT_S
 from services.processes import ServiceSpec as ServiceSpec
-from services.processes import kill_leftovers
+from services.processes import kill_group
 from services.processes import log_tail as log_tail
 from services.processes import service_specs as service_specs
 from services.processes import start_service as start_service
@@ -246,7 +243,7 @@ class Job:
                 continue
             if proc.poll() is None:
                 continue
-            kill_leftovers(proc)  # its engine processes, before its replacement starts its own
+            kill_group(proc)  # what it left (its engine processes), before its replacement starts
             path = self.log_dir / f"{name}.log"
             budget = self.budgets[name]
             if (delay_s := budget.take(now_s)) is None:
@@ -277,8 +274,7 @@ class Job:
                 continue
             log.warning("service %s is hung: %s (its last report: %s); killing it to restart it", name,
                         problem, self._last_reports.get(name))
-            with contextlib.suppress(ProcessLookupError):  # it exited since the poll: restarted as a crash
-                os.killpg(self.procs[name].pid, signal.SIGKILL)
+            kill_group(self.procs[name])  # a vLLM engine's children too; exited since the poll: no matter
             self.procs[name].wait()
             self.hung_kills[name] += 1
             with (self.log_dir / f"{name}.log").open("a") as log_file:

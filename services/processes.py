@@ -83,10 +83,11 @@ def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str,
                                 start_new_session=True, preexec_fn=stop_with_launcher())
 
 
-def kill_leftovers(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL what is left of an exited child's process group (it leads one: `start_new_session`): a
-    rollout worker that exits without stopping its engine (a crash, the stuck-loop exit) leaves vLLM's
-    EngineCore process running, holding its memory (on a GPU host, the memory its restart needs)."""
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's process group (it leads one: `start_new_session`), the child itself if still
+    running and whatever it left: a rollout worker that exits without stopping its engine (a crash, the
+    stuck-loop exit) leaves vLLM's EngineCore process running, holding its memory (on a GPU host, the
+    memory its restart needs)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
@@ -105,7 +106,7 @@ def stop_services(procs: dict[str, subprocess.Popen[bytes]], *,
             log.warning("%s did not stop within %.0fs; killing it", name, timeout_s)
             proc.kill()
             proc.wait()
-        kill_leftovers(proc)
+        kill_group(proc)  # what an exited child left
     return {name: int(proc.returncode) for name, proc in procs.items()}
 
 

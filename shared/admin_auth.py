@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def bind_admin_socket(host: str, port: int) -> socket.socket:
+    """The admin API's listening socket, bound as the controller binds it (SO_REUSEADDR: a restart reuses a
+    fixed port at once); OSError when another process holds the port. The CLI binds one the same way
+    before a run starts, to say so in one line."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def check_bind(host: str, token: str) -> None:

@@ -382,10 +382,12 @@ def _only_stream(resp: Any) -> list[tuple[Any, dict[bytes, bytes] | None]]:
 
 
 def raise_if_cancel_swallowed() -> None:
-    """Raise the cancel a blocking read swallowed: redis-py's asyncio client can absorb a
-    `CancelledError` that lands while it waits for XREADGROUP's reply and read again
-    (redis/redis-py#2028), so a loop cancelled by its task group (shared.runtime.supervise) would run
-    on and the group would wait for it for ever. The task still counts the cancel (`cancelling()`)."""
+    """Raise the cancel a Redis call swallowed: redis-py's asyncio client can absorb a `CancelledError`
+    that lands while it waits for a reply (redis/redis-py#2028), so a loop cancelled from outside (by its
+    task group, shared.runtime.supervise, or by the caller that then awaits it) would run on and its
+    awaiter would wait for ever. The task still counts the cancel (`cancelling()`). Call it right after
+    the call in loops whose task is only ever cancelled from outside, not in cleanup that runs Redis
+    calls while its task is being cancelled."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError

@@ -87,7 +87,7 @@ def test_a_launcher_that_dies_mid_run_leaves_no_service_and_no_redis_running(
 
 def test_a_child_that_exits_leaving_a_process_of_its_own_has_it_killed(tmp_path: Path) -> None:
     # as a rollout worker that exits without stopping vLLM's EngineCore process (a crash, the stuck-loop exit)
-    from services.processes import kill_leftovers
+    from services.processes import kill_group
 
     grandchild_pid = tmp_path / "grandchild.pid"
     script = ("import subprocess, sys; "
@@ -97,7 +97,7 @@ def test_a_child_that_exits_leaving_a_process_of_its_own_has_it_killed(tmp_path:
     child.wait(timeout=30)
     pid = int(grandchild_pid.read_text())
     assert Path(f"/proc/{pid}").exists(), "the child's own process outlives it"
-    kill_leftovers(child)
+    kill_group(child)
     assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), timeout_s=10)
 
 

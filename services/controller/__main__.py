@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 
 import uvicorn
 
 from services.controller.admin import PrometheusExporter, build_app
 from services.controller.service import Controller
-from shared.admin_auth import check_bind, is_loopback, load_admin_token
+from shared.admin_auth import bind_admin_socket, check_bind, is_loopback, load_admin_token
 from shared.bus import Bus
 from shared.liveness import untrack
 from shared.runtime import load, run_until_stopped, service_args, supervise
@@ -38,9 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         controller = Controller(bus=bus, config=config)
         exporter = PrometheusExporter()
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart reuses a fixed port at once
-        sock.bind((host, config.run.admin_port))
+        sock = bind_admin_socket(host, config.run.admin_port)
         # Where the CLI should reach us: 127.0.0.1 locally, the service name under compose.
         advertised, port = os.environ.get("DYNSCHED_ADVERTISE_HOST", "127.0.0.1"), sock.getsockname()[1]
         app = build_app(controller, exporter, token=token, loopback=is_loopback(host))

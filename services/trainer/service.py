@@ -125,6 +125,8 @@ class Trainer:
         self.transports = {r: t for r in config.standalone_ids + config.hybrid_ids
                            if (t := config.weight_transport(r)) != "filesystem"}
         """replica id -> its push transport; absent: filesystem only."""
+        self.roles = (set(config.standalone_ids), set(config.hybrid_ids))
+        """The replicas pushed apart (`push_plan`): standalones, hybrids."""
         self._rpc = CommandClient(bus)
         self._push_rpc = CommandClient(bus, timeout_s=PUSH_CALL_TIMEOUT_S, max_attempts=1)
 
@@ -328,8 +330,7 @@ class Trainer:
         replayed on their return) and those without a push reload `version` from the filesystem."""
         alive = await self._alive(replica_ids)
         live_ids = tuple(r for r, up in zip(replica_ids, alive, strict=True) if up)
-        roles = (set(self.config.standalone_ids), set(self.config.hybrid_ids))
-        plan = push_plan(self.transports, live_ids, roles)
+        plan = push_plan(self.transports, live_ids, self.roles)
         pushes: list[PushGroupReport] = []
         for transport, group in plan:
             started = time.monotonic()
