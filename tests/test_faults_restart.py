@@ -4,9 +4,11 @@ crashing fails the run with one line naming it and its log."""
 
 from __future__ import annotations
 
-import os
 import signal
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,24 +21,40 @@ from shared.names import AccountingField, RunStatus, SampleState
 SAMPLES = 256
 
 
-@pytest.mark.e2e
-def test_services_sigkilled_mid_run_are_restarted_and_the_run_finishes_with_nothing_lost(
-        tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class SignalledRun:
+    summary: dict[str, Any]
+    states: dict[str, str]
+    signalled: dict[str, subprocess.Popen[bytes]]
+    """The processes that got the signal, by service name."""
+    pids_after: dict[str, int]
+    """The same services' processes at the end of the run."""
+
+
+def signal_mid_run(tmp_path: Path, names: tuple[str, ...], sig: int) -> SignalledRun:
+    """A launcher run of SAMPLES prompts whose `names` services get `sig` at once after 4 micro-steps."""
     config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
     with launcher.Job(config_path=config, out_dir=tmp_path / "run") as job:
         wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60, what="4 micro-steps")
-        names = ("trainer", "rollouter", "rollout_worker-standalone_0")
-        killed = {name: job.procs[name].pid for name in names}
-        for pid in killed.values():
-            os.kill(pid, signal.SIGKILL)
+        signalled = {name: job.procs[name] for name in names}
+        for proc in signalled.values():
+            proc.send_signal(sig)
         wait_for(lambda: job.poll() is RunStatus.DONE, timeout_s=120, what="the run to finish", job=job)
-        summary = job.summary(wall_time_s=job.elapsed_s, admin={})
-        states = job.read(job.names.sample_states)
-        pids = {name: job.procs[name].pid for name in killed}
-    assert summary["restarts"] == dict.fromkeys(killed, 1)
-    assert all(pids[name] != pid for name, pid in killed.items()), "each killed service runs as a new process"
-    counts = summary["samples"]
-    assert counts[AccountingField.FED] == SAMPLES and set(states.values()) == {SampleState.TRAINED}
+        return SignalledRun(summary=job.summary(wall_time_s=job.elapsed_s, admin={}),
+                            states=job.read(job.names.sample_states), signalled=signalled,
+                            pids_after={name: job.procs[name].pid for name in names})
+
+
+@pytest.mark.e2e
+def test_services_sigkilled_mid_run_are_restarted_and_the_run_finishes_with_nothing_lost(
+        tmp_path: Path) -> None:
+    run = signal_mid_run(tmp_path, ("trainer", "rollouter", "rollout_worker-standalone_0"), signal.SIGKILL)
+    killed = {name: proc.pid for name, proc in run.signalled.items()}
+    assert run.summary["restarts"] == dict.fromkeys(killed, 1)
+    assert all(run.pids_after[name] != pid for name, pid in killed.items()), \
+        "each killed service runs as a new process"
+    counts = run.summary["samples"]
+    assert counts[AccountingField.FED] == SAMPLES and set(run.states.values()) == {SampleState.TRAINED}
     assert counts[LOST] == 0 and counts[DUPLICATED] == 0
     log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "restarted by the launcher (restart 1)" in log
@@ -59,16 +77,8 @@ def test_services_stopped_with_sigterm_mid_run_are_restarted_and_the_run_finishe
         tmp_path: Path) -> None:
     # `kill PID` (SIGTERM) stops a service cleanly, exit status 0; before the run is done that is still a
     # service gone, and a run waiting for it would never finish
-    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
-    with launcher.Job(config_path=config, out_dir=tmp_path / "run") as job:
-        wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60, what="4 micro-steps")
-        names = ("trainer", "controller", "rollout_worker-hybrid_0")
-        stopped = {name: job.procs[name] for name in names}
-        for proc in stopped.values():
-            proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: job.poll() is RunStatus.DONE, timeout_s=120, what="the run to finish", job=job)
-        summary = job.summary(wall_time_s=job.elapsed_s, admin={})
-    assert all(proc.returncode == 0 for proc in stopped.values()), "each stopped cleanly"
-    assert summary["restarts"] == dict.fromkeys(stopped, 1)
-    counts = summary["samples"]
+    run = signal_mid_run(tmp_path, ("trainer", "controller", "rollout_worker-hybrid_0"), signal.SIGTERM)
+    assert all(proc.returncode == 0 for proc in run.signalled.values()), "each stopped cleanly"
+    assert run.summary["restarts"] == dict.fromkeys(run.signalled, 1)
+    counts = run.summary["samples"]
     assert counts[AccountingField.FED] == SAMPLES and counts[LOST] == 0 and counts[DUPLICATED] == 0
