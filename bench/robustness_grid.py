@@ -14,10 +14,14 @@ the worst. Robustness target: never more than 1% slower than static. Three grids
 - `shape`: the batch's shape, which no other grid moves: responses per prompt (n 4 / 16), mini-batches per
   micro-step (require_batches 1 / 2), prompts per mini-batch (8 / 32), prompts per replica (8 / 32);
 - `concurrency`: the samples in flight per replica (8 to 48) at three trainer speeds: past the engine's
-  running cap the standalones' batches stay full, and the hybrids have less idle capacity to fill.
+  running cap the standalones' batches stay full, and the hybrids have less idle capacity to fill;
+- `random`: `--points` points drawn (`--seed`) from every axis above at once, so the axes the other
+  grids keep apart meet (a large model's slow switches with a small trigger, a short run, a wide batch):
+  the combinations a held-back scenario may bring.
 
 Run: ``python -m bench.robustness_grid [--grid workload|switch_costs|trigger|shape|concurrency]
-[--config configs/sim_16_16_adaptive.yaml ...] [--policy adaptive] [--prompts 1280|0] [--out FILE]``
+[--config configs/sim_16_16_adaptive.yaml ...] [--policy adaptive] [--prompts 1280|0] [--points N --seed S]
+[--out FILE]``
 (`--config` repeats; a scenario file works too; each grid is 16-36 points x 2 runs, ~1 minute per config
 on a quiet machine).
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +54,33 @@ SHAPE_MINI_BATCH = (8, 32)
 SHAPE_SAMPLES_PER_REPLICA = (8, 32)
 CONCURRENCY_SAMPLES_PER_REPLICA = (8, 12, 16, 20, 24, 32, 48)
 CONCURRENCY_TRAINER_S_PER_SAMPLE = (13.0, 26.0, 60.0)
-GRIDS = ("workload", "switch_costs", "trigger", "shape", "concurrency")
+GRIDS = ("workload", "switch_costs", "trigger", "shape", "concurrency", "random")
+AXES: dict[str, tuple[Any, ...]] = {
+    "trainer.time_per_sample_s": TRAINER_S_PER_SAMPLE,
+    "async_training.staleness_threshold": FLOW_STALENESS,
+    "async_training.trigger_parameter_sync_step": FLOW_TRIGGER,
+    "rollout.sim.wake_s": WAKE_SLEEP_S,
+    "trainer.offload_s": OFFLOAD_S,
+    "rollout.sim.weight_sync_s": WEIGHT_SYNC_S,
+    "data.n": SHAPE_N,
+    "async_training.require_batches": SHAPE_REQUIRE_BATCHES,
+    "trainer.ppo_mini_batch_size": SHAPE_MINI_BATCH,
+    "async_training.concurrent_samples_per_replica": CONCURRENCY_SAMPLES_PER_REPLICA,
+}
+"""Every axis the structured grids move, with their values: what the `random` grid draws from."""
 
 
-def grid(name: str) -> list[dict[str, Any]]:
-    """The config changes of every point of grid `name`."""
+def random_points(points: int, seed: int) -> list[dict[str, Any]]:
+    """`points` draws of one value per axis of AXES (the hybrids' sleep takes their wake's value)."""
+    rng = random.Random(seed)
+    drawn = [{key: rng.choice(values) for key, values in AXES.items()} for _ in range(points)]
+    return [{**changes, "rollout.sim.sleep_s": changes["rollout.sim.wake_s"]} for changes in drawn]
+
+
+def grid(name: str, *, points: int = 0, seed: int = 0) -> list[dict[str, Any]]:
+    """The config changes of every point of grid `name` (`random`: `points` draws with `seed`)."""
+    if name == "random":
+        return random_points(points, seed)
     if name == "switch_costs":
         return [{"rollout.sim.wake_s": wake_sleep, "rollout.sim.sleep_s": wake_sleep,
                  "trainer.offload_s": offload, "rollout.sim.weight_sync_s": sync,
@@ -100,12 +127,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="total_rollout_steps of every point (0: each config's own, the run as it "
                              "would be trained: a switch made once, such as the start-up activation, "
                              "weighs less)")
+    parser.add_argument("--points", type=int, default=40, help="points of the random grid")
+    parser.add_argument("--seed", type=int, default=0, help="the random grid's draw")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     configs = args.config or [PROJECT_ROOT / "configs" / "sim_16_16_adaptive.yaml"]
     rows = []
     for config in configs:
-        for changes in grid(args.grid):
+        for changes in grid(args.grid, points=args.points, seed=args.seed):
             row = {"config": str(config), **point(config, args.policy, args.prompts, changes)}
             rows.append(row)
             where = "  ".join(f"{key.rsplit('.', 1)[-1]} {value:g}" for key, value in changes.items())
@@ -115,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     for config in configs:
         print(summary_line(config, [row for row in rows if row["config"] == str(config)]))
     write_result(args.out, {"configs": [str(c) for c in configs], "grid": args.grid, "policy": args.policy,
-                            "prompts": args.prompts, "rows": rows})
+                            "prompts": args.prompts, "points": args.points, "seed": args.seed, "rows": rows})
     return 0
 
 

@@ -22,6 +22,14 @@ def test_every_point_of_a_grid_is_a_valid_change_of_the_config(name: str, size: 
         load_scenario(CONFIG).with_changes(changes)  # raises on an unknown key or a bad value
 
 
+def test_the_random_grid_draws_valid_changes_of_every_axis_the_same_way_for_a_seed() -> None:
+    points = grid("random", points=12, seed=3)
+    assert points == grid("random", points=12, seed=3) != grid("random", points=12, seed=4)
+    assert len(points) == 12 and all(p["rollout.sim.sleep_s"] == p["rollout.sim.wake_s"] for p in points)
+    for changes in points:
+        load_scenario(CONFIG).with_changes(changes)
+
+
 def test_a_switch_point_prices_the_switches_it_names() -> None:
     changes = {"rollout.sim.wake_s": 30.0, "rollout.sim.sleep_s": 30.0, "trainer.offload_s": 0.0,
                "rollout.sim.weight_sync_s": 2.0, "trainer.time_per_sample_s": 26.0}
