@@ -197,7 +197,8 @@ class ExecutorCore:
             commands = core.recovery_commands()
         else:
             progress: RolloutProgress = yield ReadProgress()
-            self.meter.read_progress(self.clock(), progress.total_generated, cycle_end=True)
+            self.meter.read_progress(self.clock(), progress.total_generated, cycle_end=True,
+                                     idle_s=progress.idle_s)
             self._measure_micro_step()
             commands = core.begin_sync(global_steps=event.global_steps, version=event.version,
                                        total_generated_samples=progress.total_generated,
@@ -231,7 +232,7 @@ class ExecutorCore:
                 # One instant for both: a live clock moves between two reads, and the sliver of hybrid
                 # time it would leave made the whole next cycle count as a (near-zero-length) window.
                 closed = self.clock()
-                meter.read_progress(closed, progress.total_generated)
+                meter.read_progress(closed, progress.total_generated, idle_s=progress.idle_s)
                 meter.set_serving(closed, hybrids=0)
             started = self.clock()
             standalone_sync = (isinstance(command, cc.SyncWeights) and bool(standalones)

@@ -52,6 +52,8 @@ class RateMeter:
         self.hybrids_serving = 0
         self._segment_start_s: float | None = None
         self._last_generated: int | None = None
+        self._window_start_s: float | None = None
+        self._last_idle_s: float | None = None
         self._standalone_rs = 0.0
         self._hybrid_rs = 0.0
         self._standalone = _Decayed()
@@ -77,10 +79,18 @@ class RateMeter:
         if hybrids is not None:
             self.hybrids_serving = hybrids
 
-    def read_progress(self, now_s: float, total_generated: int, *, cycle_end: bool = False) -> None:
+    def read_progress(self, now_s: float, total_generated: int, *, cycle_end: bool = False,
+                      idle_s: float = -1.0) -> None:
         """A progress reading: closes the window since the previous one (the first only starts one);
-        `cycle_end` (the reading at a sync) also closes the sync cycle's window."""
+        `cycle_end` (the reading at a sync) also closes the sync cycle's window. `idle_s`, the
+        rollouter's idle seconds so far (-1: unknown), takes the window's idle share out of its
+        replica-seconds: capacity held back by the staleness limit produced nothing, and counting it
+        would make the replicas look slower than they are."""
         self._close_segment(now_s)
+        busy = self._busy_share(now_s, idle_s)
+        self._standalone_rs *= busy
+        hybrid_serving_s = self._hybrid_rs
+        self._hybrid_rs *= busy
         self._cycle_rs += self._standalone_rs + self._hybrid_rs
         if cycle_end:
             if self._cycle_generated is not None and self._cycle_rs > 0:
@@ -91,13 +101,21 @@ class RateMeter:
             if self._hybrid_rs > 0:
                 explained = self.standalone_samples_per_replica_s * self._standalone_rs
                 self._hybrid_extra.add(produced - explained, self._hybrid_rs)
-                window_s = self._hybrid_rs / max(1, self.num_hybrid)
+                window_s = hybrid_serving_s / max(1, self.num_hybrid)
                 self._fill.add(produced, window_s)
                 self.last_hybrid_window_samples_per_s = produced / window_s
             elif self._standalone_rs > 0:
                 self._standalone.add(produced, self._standalone_rs)
         self._last_generated = total_generated
         self._standalone_rs = self._hybrid_rs = 0.0
+
+    def _busy_share(self, now_s: float, idle_s: float) -> float:
+        """The share of the window since the last reading in which the rollouter was not idle."""
+        start_s, last_idle_s = self._window_start_s, self._last_idle_s
+        self._window_start_s, self._last_idle_s = now_s, (idle_s if idle_s >= 0 else None)
+        if start_s is None or last_idle_s is None or idle_s < 0 or now_s <= start_s:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - (idle_s - last_idle_s) / (now_s - start_s)))
 
     def record_micro_step(self, train_s: float) -> None:
         """One micro-step took the trainer `train_s` from its collection to its next handshake."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core import metrics as M
-from core.flow import FlowLimits, StalenessTracker
+from core.flow import FlowLimits, StalenessTracker, idle_seconds
 from core.metrics import UtilizationHistory
 from shared.names import RolloutStateField as F
 
@@ -50,16 +50,25 @@ class RolloutStatus:
     feed_done: bool
     max_concurrent_samples: int = 0
     staleness_samples: int = 0
+    idle_closed_s: float = 0.0
+    """Seconds of the rollouter's closed idle windows (paused with nothing generating) since it started."""
+    idle_since_s: float | None = None
+    """When its open idle window began, on its clock (None: not idle)."""
+
+    def idle_seconds(self, now_s: float) -> float:
+        """Its idle seconds up to `now_s` (the rollouter's clock): what the controller's rates leave out."""
+        return idle_seconds(self.idle_closed_s, self.idle_since_s, now_s)
 
     @property
     def stalled(self) -> bool:
         """No more samples will come without a sync: paused (or fed out) with nothing generating."""
         return (self.paused or self.feed_done) and self.active_tasks == 0
 
-    def to_hash(self) -> dict[str, int]:
+    def to_hash(self) -> dict[str, int | float | str]:
         return {F.PAUSED: int(self.paused), F.ACTIVE_TASKS: self.active_tasks,
                 F.FEED_DONE: int(self.feed_done), F.MAX_CONCURRENT_SAMPLES: self.max_concurrent_samples,
-                F.STALENESS_SAMPLES: self.staleness_samples}
+                F.STALENESS_SAMPLES: self.staleness_samples, F.IDLE_CLOSED_S: self.idle_closed_s,
+                F.IDLE_SINCE_S: "" if self.idle_since_s is None else self.idle_since_s}
 
     @classmethod
     def from_hash(cls, state: dict[str, str]) -> RolloutStatus:
@@ -67,7 +76,9 @@ class RolloutStatus:
         return cls(paused=state.get(F.PAUSED) == "1", active_tasks=int(state.get(F.ACTIVE_TASKS, 1)),
                    feed_done=state.get(F.FEED_DONE) == "1",
                    max_concurrent_samples=int(state.get(F.MAX_CONCURRENT_SAMPLES, 0)),
-                   staleness_samples=int(state.get(F.STALENESS_SAMPLES, 0)))
+                   staleness_samples=int(state.get(F.STALENESS_SAMPLES, 0)),
+                   idle_closed_s=float(state.get(F.IDLE_CLOSED_S) or 0.0),
+                   idle_since_s=float(state[F.IDLE_SINCE_S]) if state.get(F.IDLE_SINCE_S) else None)
 
 
 class SampleLifecycle:
@@ -177,7 +188,9 @@ class SampleLifecycle:
     def status(self) -> RolloutStatus:
         return RolloutStatus(paused=self.tracker.paused, active_tasks=len(self.active),
                              feed_done=self.feed_done, max_concurrent_samples=self.max_concurrent,
-                             staleness_samples=self.tracker.staleness_samples)
+                             staleness_samples=self.tracker.staleness_samples,
+                             idle_closed_s=self.tracker.idle_closed_s,
+                             idle_since_s=self.tracker.idle_open_since_s)
 
     def _end_idle(self, now_s: float) -> None:
         if self.idle:

@@ -107,6 +107,10 @@ class RolloutStateField(StrEnum):
     MAX_CONCURRENT_SAMPLES = "max_concurrent_samples"
     STALENESS_SAMPLES = "staleness_samples"
     MQ_SIZE = "mq_size"
+    IDLE_CLOSED_S = "idle_closed_s"
+    """Seconds of the rollouter's closed idle windows (paused, nothing generating) since it started."""
+    IDLE_SINCE_S = "idle_since_s"
+    """Epoch seconds its open idle window began ('' while not idle)."""
 
 
 class TrainerStateField(StrEnum):

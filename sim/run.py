@@ -174,7 +174,8 @@ class Simulation:
             tracker = r.lifecycle.tracker
             return ex.RolloutProgress(total_generated=tracker.total_generated,
                                       completed_steps=tracker.completed_steps, queue_size=len(r.mq),
-                                      feed_done=r.lifecycle.status().feed_done)
+                                      feed_done=r.lifecycle.status().feed_done,
+                                      idle_s=tracker.idle_seconds(self._now()))
         elif isinstance(op, ex.ReleaseTrainer | ex.AcquireTrainer):
             yield from self._move_trainer(on_gpu=isinstance(op, ex.AcquireTrainer))
         elif isinstance(op, ex.Concurrently):

@@ -243,6 +243,25 @@ def test_the_meter_averages_trainer_micro_steps_and_ignores_negative_durations()
     assert 6.0 < meter.trainer_s_per_micro_step < 16.0
 
 
+def test_the_meter_leaves_the_rollouters_idle_seconds_out_of_the_replica_seconds():
+    meter = RateMeter(num_standalone=2, num_hybrid=2)
+    meter.read_progress(0.0, 0, cycle_end=True, idle_s=3.0)
+    meter.read_progress(10.0, 10, cycle_end=True, idle_s=8.0)  # idle (paused, nothing generating) 5 s of 10
+    assert meter.standalone_samples_per_replica_s == pytest.approx(1.0)  # 10 samples in 2 x 5 busy seconds
+    assert meter.samples_per_replica_s == pytest.approx(1.0)
+    meter.set_serving(10.0, hybrids=2)
+    meter.read_progress(20.0, 40, idle_s=13.0)  # a hybrid window idle half its time too
+    assert meter.hybrid_samples_per_replica_s == pytest.approx(2.0)  # (30 - 10 explained) / (2 x 5)
+    assert meter.hybrid_window_samples_per_s == pytest.approx(3.0)  # the queue's fill: wall seconds
+
+
+def test_the_meter_without_idle_readings_counts_every_serving_second():
+    meter = RateMeter(num_standalone=2, num_hybrid=0)
+    meter.read_progress(0.0, 0, cycle_end=True, idle_s=-1.0)
+    meter.read_progress(10.0, 10, cycle_end=True, idle_s=-1.0)
+    assert meter.standalone_samples_per_replica_s == pytest.approx(0.5)
+
+
 def test_the_queue_read_at_the_sync_replaces_the_seed_estimate_of_it():
     ctx = production_bound(surplus=-32)
     ctx.queue_size = 40

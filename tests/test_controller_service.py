@@ -7,8 +7,10 @@ reads the trainer's event stream in the middle of handling an event.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from core import executor as ex
+from core.sample_lifecycle import RolloutStatus
 from services.controller.executor import Executor
 from services.trainer.service import Trainer
 from services.trainer.sim_backend import SimTrainer
@@ -65,4 +67,24 @@ async def test_a_weight_sync_is_one_trainer_command_whose_failed_push_falls_back
             await client.close()
         for sub in (trainer_commands, worker_commands):
             await sub.close()
+        await bus.redis.aclose()
+
+
+async def test_a_progress_reading_takes_the_rollouters_idle_seconds_from_its_published_status(redis_server):
+    """The rollouter publishes its closed idle seconds and when its open idle window began; the
+    controller's reading adds the open window up to now, so its rates can leave idle capacity out."""
+    config = sim_config()
+    names = Names(config.run.namespace)
+    bus = Bus(connect(redis_server.url), names)
+    executor = Executor(bus=bus, rpc=CommandClient(bus))
+    try:
+        started = time.time() - 4.0
+        await bus.redis.hset(names.rollouter_state, mapping=RolloutStatus(
+            paused=True, active_tasks=0, feed_done=False, idle_closed_s=6.0, idle_since_s=started).to_hash())
+        idle = (await executor.perform(ex.ReadProgress())).idle_s
+        assert 10.0 <= idle < 10.0 + (time.time() - started - 4.0) + 0.001
+        await bus.redis.hset(names.rollouter_state, mapping=RolloutStatus(
+            paused=False, active_tasks=3, feed_done=False, idle_closed_s=10.5).to_hash())
+        assert (await executor.perform(ex.ReadProgress())).idle_s == 10.5
+    finally:
         await bus.redis.aclose()

@@ -195,6 +195,15 @@ def lifecycle(*, total: int = 100) -> SampleLifecycle:
     return life
 
 
+def test_the_published_status_reads_back_the_same_idle_seconds_and_an_old_hash_reads_as_never_idle() -> None:
+    status = RolloutStatus(paused=True, active_tasks=0, feed_done=False, idle_closed_s=6.5, idle_since_s=20.0)
+    decoded = RolloutStatus.from_hash({k: str(v) for k, v in status.to_hash().items()})
+    assert decoded == status and decoded.idle_seconds(23.0) == 9.5
+    old = RolloutStatus.from_hash({"paused": "0", "active_tasks": "2", "feed_done": "0"})
+    assert (old.idle_closed_s, old.idle_since_s, old.idle_seconds(50.0)) == (0.0, None, 0.0)
+    assert RolloutStatus.from_hash({k: str(v) for k, v in old.to_hash().items()}) == old
+
+
 def test_the_feed_stops_at_the_staleness_limit_and_only_the_monitor_or_a_reset_resumes_it() -> None:
     life = lifecycle()
     started = [life.next_sample(mq_size=0, now_s=1.0) for _ in range(7)]
@@ -205,7 +214,8 @@ def test_the_feed_stops_at_the_staleness_limit_and_only_the_monitor_or_a_reset_r
     assert life.next_sample(mq_size=6, now_s=2.0) is None  # latched
     assert life.monitor(mq_size=6, now_s=2.1) is False
     assert life.status() == RolloutStatus(paused=True, active_tasks=0, feed_done=False,
-                                          max_concurrent_samples=6, staleness_samples=6)
+                                          max_concurrent_samples=6, staleness_samples=6,
+                                          idle_since_s=2.1)  # idle from the monitor's tick
     assert life.status().stalled
     report = life.reset(version=1, mq_size=2, now_s=4.0)
     assert report["fully_async/rollouter/step_generated_samples"] == 6

@@ -96,7 +96,8 @@ class Executor:
             queue_size = await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
             return ex.RolloutProgress(total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
                                       completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
-                                      queue_size=queue_size, feed_done=state.get(F.FEED_DONE) == "1")
+                                      queue_size=queue_size, feed_done=state.get(F.FEED_DONE) == "1",
+                                      idle_s=RolloutStatus.from_hash(state).idle_seconds(time.time()))
         elif isinstance(op, ex.Concurrently):
             return tuple(await asyncio.gather(*(self.perform(sub) for sub in op.ops)))
         elif isinstance(op, ex.Audit):
