@@ -17,7 +17,8 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
 - X is capped at the carry-over limit (max_required - step_required): past it the wait is for
   samples started *in* this version, a latency the extra replicas barely shorten.
 - Rates: P_s and P_h come from the per-replica rate pooled over whole sync cycles (it credits a
-  hybrid's work finished on a standalone after the deactivation); the queue fills during the
+  hybrid's work finished on a standalone after the deactivation; the seconds the rollouter sat idle at
+  its staleness limit are left out, core/measure.py); the queue fills during the
   window at the rate measured in the hybrid windows (slower: a window is short against a sample's
   latency), and what the pooled rate produced beyond it is credited after the switch. The static
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
@@ -124,6 +125,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.predicted_activate = False
         self.cycle_activate_s = 0.0
         """The measured activation of the cycle in progress (known at its sync's update_after_step)."""
+        self.cycle_release_s = 0.0
+        """The trainer's offload before that activation's wake, when not overlapped with it (an overhead)."""
+        self.overhead_at_decision_s = 0.0
+        """ctx.last_switch_overhead_s at the last decision (the previous cycle's onload): what it grows by
+        until update_after_step is this sync's offload (`cycle_release_s`)."""
         self.idle_bias_cycles = {"stay": 0, "activate": 0}
         """Per decision kind: cycles whose idle was measured against the prediction."""
         self.idle_bias_by_level: dict[str, float] = {}
@@ -171,6 +177,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return activate
 
     def _decide(self, ctx: DynamicScheduleContext) -> bool:
+        self.overhead_at_decision_s = ctx.last_switch_overhead_s
         self._credit_rebalance_choice(ctx)
         self._credit_prediction(ctx)
         surplus = ctx.queued_samples
@@ -268,6 +275,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if self.only_hybrid:
             return
         self.cycle_activate_s = ctx.last_activate_duration_s
+        self.cycle_release_s = max(0.0, ctx.last_switch_overhead_s - self.overhead_at_decision_s)
+        self.overhead_at_decision_s = 0.0
         if self.switched["activate"] or ctx.last_activate_duration_s > 0:
             self.activate_cost_s = first_or_ewma(self.activate_cost_s, ctx.last_activate_duration_s,
                                                  weight=SWITCH_COST_EWMA)
@@ -282,8 +291,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         the hybrids lent, deactivation, offload/onload, the collections' waits) minus the prediction."""
         if self.predicted_idle_s < 0:
             return
-        measured = (self.cycle_activate_s + ctx.last_deactivate_wait_s + ctx.last_deactivate_duration_s
-                    + ctx.last_switch_overhead_s + sum(ctx.step_wait_times))
+        measured = (self.cycle_activate_s + self.cycle_release_s + ctx.last_deactivate_wait_s
+                    + ctx.last_deactivate_duration_s + ctx.last_switch_overhead_s + sum(ctx.step_wait_times))
         kind = "activate" if self.predicted_activate else "stay"
         error = measured - self.predicted_idle_s
         self.idle_bias_cycles[kind] += 1

@@ -301,6 +301,23 @@ def test_a_switch_that_measured_far_worse_than_predicted_keeps_the_next_cycle_as
     assert decision["static_idle_s"] - decision["dynamic_idle_s"] > decision["min_gain_s"]  # uncorrected: go
 
 
+def test_the_trainers_offload_before_the_wake_counts_in_the_cycle_it_started():
+    """Without the overlapped wake the executor books the offload as switch overhead during the sync,
+    and the finished sync clears it: the cycle's measured idle still has it, with the onload after the
+    hybrids slept."""
+    policy = make_adaptive()
+    ctx = production_bound()
+    assert policy.should_activate_after_step(8, False, ctx) is True
+    predicted = policy.predicted_idle_s
+    ctx.last_activate_duration_s, ctx.last_switch_overhead_s = 2.0, 15.0  # the wake + sync; the offload
+    policy.update_after_step(8, ctx)
+    policy.deactivate_wait_samples(ctx)
+    after = production_bound()
+    after.last_deactivate_duration_s, after.last_switch_overhead_s = 1.0, 15.0  # the sleep; the onload
+    policy.should_activate_after_step(12, False, after)
+    assert policy.idle_bias_by_level["activate@0"] == pytest.approx(2.0 + 15.0 + 1.0 + 15.0 - predicted)
+
+
 def test_a_switch_that_measured_as_predicted_changes_nothing():
     policy = make_adaptive()
     _activate_and_sync(policy)
