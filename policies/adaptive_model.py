@@ -77,6 +77,20 @@ def level_correction(bias_by_level: dict[str, float], *, kind: str, level: int) 
     return max(0.0, min(others)) if others else 0.0
 
 
+def applied_corrections(bias_by_level: dict[str, float], *, level: int,
+                        static_measured: bool) -> dict[str, float]:
+    """The stay and activate corrections a decision at queue `level` applies (`level_correction`). Before
+    any static cycle was measured, a negative activation correction (switches idled less than predicted)
+    is not applied: the likely cause is rates the model has too low (production held back by the
+    staleness limit reads as slow replicas), which makes its static prediction just as pessimistic, so
+    crediting the error to the switch alone would argue for switching on a comparison never checked."""
+    corrections = {kind: level_correction(bias_by_level, kind=kind, level=level)
+                   for kind in ("stay", "activate")}
+    if not static_measured:
+        corrections["activate"] = max(0.0, corrections["activate"])
+    return corrections
+
+
 def corrections_standard_error(bias_by_level: dict[str, float], var_by_level: dict[str, float],
                                count_by_level: dict[str, int], *, level: int, weight: float) -> float:
     """Standard error of the stay and activate corrections compared at `level` (0 where unmeasured). A

@@ -35,8 +35,9 @@ queue at the sync: it cannot feed the first micro-step, it feeds one, it feeds m
 comparisons of that kind at that level; a cycle straying past OUTLIER_SIGMAS standard deviations (a version
 waiting for one very long response) counts as that far, and its first wait is not pooled. A level not
 measured yet takes no stay correction from another level, and the least activation error measured at the
-other levels (`adaptive_model.level_correction`); a correction measured once counts its own size as its
-spread (`corrections_standard_error`). A model whose switches measured worse than predicted
+other levels (`adaptive_model.level_correction`), but not a negative one before a static cycle was measured
+(`applied_corrections`); a correction measured once counts its own size as its spread
+(`corrections_standard_error`). A model whose switches measured worse than predicted
 falls back to static behaviour, and re-measures one switch after RETRY_EVERY cycles kept asleep only by
 that correction (twice as many after each re-measure, up to RETRY_MAX); symmetrically, after
 FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays asleep once, so the static prediction
@@ -56,11 +57,11 @@ from __future__ import annotations
 from typing import Any
 
 from policies.adaptive_model import (
+    applied_corrections,
     clip_outlier,
     corrections_standard_error,
     cycle_idle_s,
     first_or_ewma,
-    level_correction,
     robust_moving_mean_var,
 )
 from policies.adaptive_rebalance import choose_rebalance, credit_fill_rate, new_fill_rates
@@ -209,7 +210,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
         # The model corrected by its own measured error at this queue level: a switch that measured worse
         # than predicted (or static cycles that idled more than predicted) moves the comparison by that much.
-        bias = {kind: self._idle_bias(kind, level) for kind in ("stay", "activate")}
+        bias = applied_corrections(self.idle_bias_by_level, level=level,
+                                   static_measured=bool(self.idle_bias_cycles["stay"]))
         corrected_gain = (static_idle + bias["stay"]) - (dynamic_idle + bias["activate"])
         # No window (the queue already holds X): a switch then only raises the samples in flight for a
         # moment (they finish on the standalones), which the rollouter's concurrency limit is for.
@@ -330,10 +332,6 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return UNCERTAINTY_Z * corrections_standard_error(
             self.idle_bias_by_level, self.idle_error_var_by_level, self.idle_error_count_by_level,
             level=level, weight=BIAS_EWMA)
-
-    def _idle_bias(self, kind: str, level: int) -> float:
-        """The model's measured error for a decision of `kind` at queue `level` (`level_correction`)."""
-        return level_correction(self.idle_bias_by_level, kind=kind, level=level)
 
     # ---- the model (pure helpers) ----
 

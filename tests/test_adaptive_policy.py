@@ -318,6 +318,20 @@ def test_the_trainers_offload_before_the_wake_counts_in_the_cycle_it_started():
     assert policy.idle_bias_by_level["activate@0"] == pytest.approx(2.0 + 15.0 + 1.0 + 15.0 - predicted)
 
 
+def test_an_activation_measured_better_than_predicted_does_not_argue_for_switching_before_a_static_cycle():
+    """The error may be the model's rates, which would make its static prediction just as wrong: until a
+    static cycle is measured a negative activation correction is kept (and audited), not applied."""
+    policy = make_adaptive()
+    _activate_and_sync(policy)
+    policy.should_activate_after_step(12, False, production_bound())  # measured: 2 s against ~17 predicted
+    assert policy.idle_bias_by_level["activate@0"] < -10.0
+    assert policy.last_decision["idle_bias_s"]["activate"] == 0.0
+    policy.idle_bias_cycles["stay"] = 1  # a static cycle measured: the correction applies
+    policy.predicted_idle_s = -1.0
+    policy.should_activate_after_step(16, False, production_bound())
+    assert policy.last_decision["idle_bias_s"]["activate"] < -10.0
+
+
 def test_a_switch_that_measured_as_predicted_changes_nothing():
     policy = make_adaptive()
     _activate_and_sync(policy)
