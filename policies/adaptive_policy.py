@@ -24,9 +24,9 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
   the queue filling right after the sync with the standalones alone, the hybrid window's counterpart
   (samples in flight at the sync finish at their own pace, not at the cycle's average rate).
-- Activate iff static_idle - min_X dynamic_idle(X), corrected by the measured errors below, beats
-  MIN_GAIN_FRACTION x the cycle's training time plus UNCERTAINTY_Z standard errors of those
-  corrections, and deactivate at that X.
+- Activate iff static_idle - min_X dynamic_idle(X), corrected by the measured errors below (a cycle idles
+  no less than 0 staying, no less than its measured switch costs switching), beats MIN_GAIN_FRACTION x the
+  cycle's training time plus UNCERTAINTY_Z standard errors of those corrections, and deactivate at that X.
 
 The model checks itself: at each sync the trainer idle the last cycle measured (activation, the wait with
 the hybrids lent, deactivation, offload/onload, collection waits) is compared with what the decision
@@ -212,7 +212,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # than predicted (or static cycles that idled more than predicted) moves the comparison by that much.
         bias = applied_corrections(self.idle_bias_by_level, level=level,
                                    static_measured=bool(self.idle_bias_cycles["stay"]))
-        corrected_gain = (static_idle + bias["stay"]) - (dynamic_idle + bias["activate"])
+        corrected_gain = (max(0.0, static_idle + bias["stay"])
+                          - max(self.switch_cost_s(ctx), dynamic_idle + bias["activate"]))
         # No window (the queue already holds X): a switch then only raises the samples in flight for a
         # moment (they finish on the standalones), which the rollouter's concurrency limit is for.
         margin_s = self._bias_uncertainty_s(level)

@@ -332,6 +332,18 @@ def test_an_activation_measured_better_than_predicted_does_not_argue_for_switchi
     assert policy.last_decision["idle_bias_s"]["activate"] < -10.0
 
 
+def test_no_correction_predicts_a_switching_cycle_idling_less_than_its_own_switches_or_any_cycle_below_zero():
+    """A first decision taken on rates not yet settled can measure an error of hundreds of seconds; taken
+    whole, it argued for switching long after the rates were right. The trainer idles at least through
+    its measured switches in a cycle that switches, and never less than nothing in one that stays."""
+    policy = make_adaptive()
+    policy.activate_cost_s, policy.deactivate_cost_s = 10.0, 12.0
+    policy.idle_bias_by_level.update({"activate@0": -700.0, "stay@0": -500.0})
+    policy.idle_bias_cycles["stay"] = 1
+    assert policy.should_activate_after_step(8, False, production_bound()) is False
+    assert policy.last_decision["corrected_gain_s"] == pytest.approx(0.0 - 22.0)
+
+
 def test_a_switch_that_measured_as_predicted_changes_nothing():
     policy = make_adaptive()
     _activate_and_sync(policy)
