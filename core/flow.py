@@ -148,7 +148,7 @@ class StalenessTracker:
         """Start of the last idle window (kept across versions, as the original)."""
         self._idle_open_since_s: float | None = None
         self._idle_closed_s = 0.0
-        self._idle_total_s = 0.0
+        self._idle_closed_total_s = 0.0
 
     # -- pause / resume ------------------------------------------------------
 
@@ -203,23 +203,19 @@ class StalenessTracker:
         if self._idle_open_since_s is not None:
             start_s = max(self._idle_open_since_s, self.step_start_s)
             self._idle_closed_s += max(0.0, now_s - start_s)
-            self._idle_total_s += max(0.0, now_s - self._idle_open_since_s)
+            self._idle_closed_total_s += max(0.0, now_s - self._idle_open_since_s)
             self._idle_open_since_s = None
 
     @property
-    def idle_closed_s(self) -> float:
-        """Seconds of the idle windows closed since this tracker began (all versions)."""
-        return self._idle_total_s
+    def idle_closed_total_s(self) -> float:
+        """Seconds of the idle windows closed since this tracker began, all versions (what the status
+        publishes; the per-version sum feeds `ResetReport.idle_time_s`)."""
+        return self._idle_closed_total_s
 
     @property
     def idle_open_since_s(self) -> float | None:
         """When the idle window still open began (None: the rollouter is not idle)."""
         return self._idle_open_since_s
-
-    def idle_seconds(self, now_s: float) -> float:
-        """Seconds the rollouter's capacity has been idle (paused with nothing generating) since this
-        tracker began, up to `now_s`, the window still open included."""
-        return idle_seconds(self._idle_total_s, self._idle_open_since_s, now_s)
 
     # -- weight sync ---------------------------------------------------------
 
@@ -259,7 +255,3 @@ class StalenessTracker:
         self.step_start_s = now_s
         return report
 
-
-def idle_seconds(closed_s: float, open_since_s: float | None, now_s: float) -> float:
-    """Idle seconds up to `now_s`: the closed windows' `closed_s` plus the open one since `open_since_s`."""
-    return closed_s + (0.0 if open_since_s is None else max(0.0, now_s - open_since_s))

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core import metrics as M
-from core.flow import FlowLimits, StalenessTracker, idle_seconds
+from core.flow import FlowLimits, StalenessTracker
 from core.metrics import UtilizationHistory
 from shared.names import RolloutStateField as F
 
@@ -56,8 +56,10 @@ class RolloutStatus:
     """When its open idle window began, on its clock (None: not idle)."""
 
     def idle_seconds(self, now_s: float) -> float:
-        """Its idle seconds up to `now_s` (the rollouter's clock): what the controller's rates leave out."""
-        return idle_seconds(self.idle_closed_s, self.idle_since_s, now_s)
+        """Its idle seconds up to `now_s` (the rollouter's clock), the open window included: what the
+        controller's rates leave out."""
+        open_s = 0.0 if self.idle_since_s is None else max(0.0, now_s - self.idle_since_s)
+        return self.idle_closed_s + open_s
 
     @property
     def stalled(self) -> bool:
@@ -189,7 +191,7 @@ class SampleLifecycle:
         return RolloutStatus(paused=self.tracker.paused, active_tasks=len(self.active),
                              feed_done=self.feed_done, max_concurrent_samples=self.max_concurrent,
                              staleness_samples=self.tracker.staleness_samples,
-                             idle_closed_s=self.tracker.idle_closed_s,
+                             idle_closed_s=self.tracker.idle_closed_total_s,
                              idle_since_s=self.tracker.idle_open_since_s)
 
     def _end_idle(self, now_s: float) -> None:

@@ -171,11 +171,10 @@ class Simulation:
         elif isinstance(op, ex.ResetRollouter):
             return r.reset(op.version)
         elif isinstance(op, ex.ReadProgress):
-            tracker = r.lifecycle.tracker
+            tracker, status = r.lifecycle.tracker, r.lifecycle.status()  # the status: what the live one reads
             return ex.RolloutProgress(total_generated=tracker.total_generated,
                                       completed_steps=tracker.completed_steps, queue_size=len(r.mq),
-                                      feed_done=r.lifecycle.status().feed_done,
-                                      idle_s=tracker.idle_seconds(self._now()))
+                                      feed_done=status.feed_done, idle_s=status.idle_seconds(self._now()))
         elif isinstance(op, ex.ReleaseTrainer | ex.AcquireTrainer):
             yield from self._move_trainer(on_gpu=isinstance(op, ex.AcquireTrainer))
         elif isinstance(op, ex.Concurrently):

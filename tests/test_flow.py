@@ -177,13 +177,3 @@ def test_a_version_of_zero_length_has_idle_ratio_zero() -> None:
     assert report.idle_ratio == 0.0
     assert report.idle_ratio_all_windows == 0.0
 
-
-def test_the_idle_seconds_add_up_every_idle_window_across_versions_and_the_open_one_to_now() -> None:
-    tracker = StalenessTracker(limits=make_limits(), now_s=100.0)
-    tracker.on_idle_start(102.0)
-    tracker.on_idle_end(104.0)
-    tracker.on_idle_start(108.0)
-    tracker.reset(num_active=0, queue_size=0, now_s=110.0)  # closes the window opened at 108
-    tracker.on_idle_start(112.0)
-    assert tracker.idle_seconds(115.0) == pytest.approx(2.0 + 2.0 + 3.0)
-    assert (tracker.idle_closed_s, tracker.idle_open_since_s) == (4.0, 112.0)

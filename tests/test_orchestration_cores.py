@@ -195,6 +195,18 @@ def lifecycle(*, total: int = 100) -> SampleLifecycle:
     return life
 
 
+def test_the_idle_seconds_add_up_every_idle_window_across_versions_and_the_open_one_to_now() -> None:
+    life = lifecycle()
+    tracker = life.tracker
+    tracker.on_idle_start(2.0)
+    tracker.on_idle_end(4.0)
+    tracker.on_idle_start(8.0)
+    tracker.reset(num_active=0, queue_size=0, now_s=10.0)  # closes the window opened at 8
+    tracker.on_idle_start(12.0)
+    assert life.status().idle_seconds(15.0) == pytest.approx(2.0 + 2.0 + 3.0)
+    assert (tracker.idle_closed_total_s, tracker.idle_open_since_s) == (4.0, 12.0)
+
+
 def test_the_published_status_reads_back_the_same_idle_seconds_and_an_old_hash_reads_as_never_idle() -> None:
     status = RolloutStatus(paused=True, active_tasks=0, feed_done=False, idle_closed_s=6.5, idle_since_s=20.0)
     decoded = RolloutStatus.from_hash({k: str(v) for k, v in status.to_hash().items()})
