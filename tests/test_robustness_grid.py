@@ -54,4 +54,22 @@ def test_the_summary_names_the_worst_point_and_counts_the_misses() -> None:
     rows = [{"a.b": 1.0, "vs_static": 0.02}, {"a.b": 2.0, "vs_static": -0.1},
             {"a.b": 3.0, "vs_static": 0.005}]
     line = summary_line(Path("x.yaml"), rows)
-    assert line == "x: worst +2.0% at b=1; mean -2.5%; 1 of 3 points over +1%"
+    assert line == ("x: worst +2.0% at b=1; mean -2.5%; 1 of 3 points over +1% (0 of them the start-up "
+                    "activation alone)")
+
+
+def test_the_summary_counts_the_misses_whose_one_switch_was_the_start_up_activation() -> None:
+    rows = [{"a.b": 1.0, "vs_static": 0.03, "start_up_only": True},
+            {"a.b": 2.0, "vs_static": 0.02, "start_up_only": False},
+            {"a.b": 3.0, "vs_static": -0.01, "start_up_only": True}]
+    assert summary_line(Path("x.yaml"), rows).endswith("2 of 3 points over +1% (1 of them the start-up "
+                                                       "activation alone)")
+
+
+def test_a_point_says_whether_its_one_switch_was_the_blind_start_up_activation() -> None:
+    slow_trainer = {"rollout.sim.wake_s": 30.0, "rollout.sim.sleep_s": 30.0, "trainer.time_per_sample_s": 60.0}
+    once = point(CONFIG, "adaptive", 320, slow_trainer)  # the queue never runs dry after the start-up
+    assert once["activations"] == 1 and once["start_up_only"] is True
+    fast_trainer = {**slow_trainer, "trainer.time_per_sample_s": 6.0}
+    assert point(CONFIG, "adaptive", 320, fast_trainer)["start_up_only"] is False  # it switches again
+    assert point(CONFIG, "static", 160, {})["start_up_only"] is False
