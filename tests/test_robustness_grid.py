@@ -67,7 +67,8 @@ def test_the_summary_counts_the_misses_whose_one_switch_was_the_start_up_activat
 
 
 def test_a_point_says_whether_its_one_switch_was_the_blind_start_up_activation() -> None:
-    slow_trainer = {"rollout.sim.wake_s": 30.0, "rollout.sim.sleep_s": 30.0, "trainer.time_per_sample_s": 60.0}
+    slow_trainer = {"rollout.sim.wake_s": 30.0, "rollout.sim.sleep_s": 30.0,
+                    "trainer.time_per_sample_s": 60.0}
     once = point(CONFIG, "adaptive", 320, slow_trainer)  # the queue never runs dry after the start-up
     assert once["activations"] == 1 and once["start_up_only"] is True
     fast_trainer = {**slow_trainer, "trainer.time_per_sample_s": 6.0}
