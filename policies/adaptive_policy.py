@@ -193,11 +193,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return False
         standalone_rate, hybrid_rate = self._rates(ctx)
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
-            activate = surplus < ctx.required_samples
+            activate = surplus < ctx.required_samples and _hybrids_add_samples_in_flight(ctx)
             self.planned_wait_samples = ctx.required_samples if activate else 0
             self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,
                                   "why": "nothing measured yet: activate iff the queue cannot feed a "
-                                         "micro-step",
+                                         "micro-step and the hybrids add samples in flight (the "
+                                         "standalones alone hold fewer than max_required)",
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
         level = _queue_level(ctx)
@@ -392,6 +393,15 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         info = super().describe()
         info["measured_switch_cost_s"] = max(0.0, self.activate_cost_s) + max(0.0, self.deactivate_cost_s)
         return info
+
+
+def _hybrids_add_samples_in_flight(ctx: DynamicScheduleContext) -> bool:
+    """Whether lending the GPUs raises the samples the rollouter keeps in flight: it holds at most
+    min(serving replicas x concurrent_samples_per_replica, max_required), so once the standalones alone
+    reach max_required the hybrids add no sample, only replicas to share the same ones. True when the
+    concurrency is not given (0)."""
+    per_replica = ctx.concurrent_samples_per_replica
+    return per_replica <= 0 or ctx.num_standalone_replicas * per_replica < ctx.max_required_samples
 
 
 def _queue_level(ctx: DynamicScheduleContext) -> int:

@@ -81,6 +81,9 @@ class DynamicScheduleContext:
     """Hybrid replicas registered with the controller (static; set by the controller core)."""
     num_standalone_replicas: int = 0
     """Standalone replicas registered with the controller (static; set by the controller core)."""
+    concurrent_samples_per_replica: int = 0
+    """async_training.concurrent_samples_per_replica (static; 0 = not given): samples the rollouter keeps
+    in flight per serving replica, up to max_required."""
     queue_size: int = -1
     """MessageQueue samples not yet taken by the trainer, read at the sync (-1: the driver did not read it;
     `total_generated - expected` is the seed's estimate of it)."""

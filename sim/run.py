@@ -84,7 +84,8 @@ class Simulation:
         ctx = DynamicScheduleContext(required_samples=self.limits.required_samples,
                                      trigger_parameter_sync_step=self.limits.trigger_parameter_sync_step,
                                      only_hybrid=not self.standalone_ids,
-                                     staleness_threshold=cfg.staleness_threshold)
+                                     staleness_threshold=cfg.staleness_threshold,
+                                     concurrent_samples_per_replica=cfg.concurrent_samples_per_replica)
         self.policy = build_policy(cfg.dynamic_schedule_policy,
                                    deactivate_ratio=cfg.dynamic_schedule_deactivate_ratio,
                                    only_hybrid=not self.standalone_ids)

@@ -24,12 +24,14 @@ def make_ctx(
     trainer_s_per_micro_step: float = 0.0,
     num_standalone_replicas: int = 2,
     num_hybrid_replicas: int = 2,
+    concurrent_samples_per_replica: int = 0,
 ) -> DynamicScheduleContext:
     ctx = DynamicScheduleContext(required_samples=required_samples,
                                  trigger_parameter_sync_step=trigger_parameter_sync_step,
                                  staleness_threshold=staleness_threshold,
                                  num_standalone_replicas=num_standalone_replicas,
-                                 num_hybrid_replicas=num_hybrid_replicas)
+                                 num_hybrid_replicas=num_hybrid_replicas,
+                                 concurrent_samples_per_replica=concurrent_samples_per_replica)
     ctx.expected_samples = 10 * ctx.step_required_samples
     ctx.total_generated_samples = ctx.expected_samples + surplus
     ctx.samples_per_replica_s = samples_per_replica_s
@@ -106,6 +108,16 @@ def test_with_nothing_measured_it_activates_when_the_queue_cannot_feed_one_micro
     policy = make_adaptive()
     assert policy.should_activate_after_step(0, False, make_ctx(surplus=-64)) is True
     assert policy.deactivate_wait_samples(make_ctx()) == 16
+
+
+def test_with_nothing_measured_it_activates_only_if_the_hybrids_add_samples_in_flight():
+    # max_required = 16 x 1.5 x 4 = 96 samples; the rollouter keeps min(replicas x per replica, 96) in flight
+    below = make_ctx(surplus=-64, concurrent_samples_per_replica=47)  # 2 standalones hold 94
+    assert make_adaptive().should_activate_after_step(0, False, below) is True
+    at_cap = make_ctx(surplus=-64, concurrent_samples_per_replica=48)  # 96: the hybrids would add none
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(0, False, at_cap) is False
+    assert "hybrids add samples in flight" in policy.last_decision["why"]
 
 
 def test_with_nothing_measured_a_queue_that_feeds_a_micro_step_keeps_the_hybrids_asleep():

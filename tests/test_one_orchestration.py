@@ -51,6 +51,21 @@ def test_the_services_and_the_simulator_build_the_same_core_objects() -> None:
     assert type(rollouter.lifecycle) is type(sim.rollouter.lifecycle) is SampleLifecycle
 
 
+STATIC_CONTEXT_FIELDS = ("required_samples", "trigger_parameter_sync_step", "staleness_threshold",
+                         "only_hybrid", "num_hybrid_replicas", "num_standalone_replicas",
+                         "concurrent_samples_per_replica")
+
+
+def test_the_services_and_the_simulator_give_the_policy_the_same_static_context() -> None:
+    scenario = load_scenario(SCENARIO)
+    bus = Bus(_FakeRedis(), Names("t"))  # type: ignore[arg-type]
+    live, planned = Controller(bus=bus, config=scenario.config).core.ctx, Simulation(scenario).core.ctx
+    assert [getattr(live, name) for name in STATIC_CONTEXT_FIELDS] == [
+        getattr(planned, name) for name in STATIC_CONTEXT_FIELDS]
+    given = scenario.config.async_training.concurrent_samples_per_replica
+    assert live.concurrent_samples_per_replica == given > 0
+
+
 ORCHESTRATION_NAMES = {
     # controller commands (their semantics are core.executor's)
     "WaitForSamples", "RemoveReplicas", "AbortReplicas", "SleepReplicas", "WakeReplicas", "SyncWeights",

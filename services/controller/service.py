@@ -68,7 +68,8 @@ def build_core(config: Config) -> ControllerCore:
     ctx = DynamicScheduleContext(
         required_samples=config.trainer.ppo_mini_batch_size * at.require_batches,
         trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-        only_hybrid=config.only_hybrid, staleness_threshold=at.staleness_threshold)
+        only_hybrid=config.only_hybrid, staleness_threshold=at.staleness_threshold,
+        concurrent_samples_per_replica=at.concurrent_samples_per_replica)
     return ControllerCore(policy=policy, ctx=ctx, hybrid_ids=config.hybrid_ids,
                           standalone_ids=config.standalone_ids,
                           enable_rebalance=at.dynamic_schedule_enable_rebalance,
