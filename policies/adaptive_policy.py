@@ -46,8 +46,9 @@ is measured too. It never activates when the queue already holds the planned X (
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
 activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
-samples anyway) and deactivates at `required` samples; an unmeasured switch part counts as one
-micro-step of training; it stays asleep once the feed is done. The rebalance is measured too: each
+samples anyway) and the hybrids add samples in flight (the standalones alone hold fewer than max_required;
+this blind switch is also the first measurement of a switch) and deactivates at `required` samples;
+an unmeasured switch part counts as one micro-step of training; it stays asleep once the feed is done. The rebalance is measured too: each
 choice is tried, the one whose windows filled the queue faster is kept (`request_rebalance`).
 Every decision's numbers are kept in `last_decision` and audited.
 """
