@@ -48,8 +48,9 @@ policy behaves the same on a time-scaled sim run and on a cluster. Before anythi
 activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
 samples anyway) and the hybrids add samples in flight (the standalones alone hold fewer than max_required;
 this blind switch is also the first measurement of a switch) and deactivates at `required` samples;
-an unmeasured switch part counts as one micro-step of training; it stays asleep once the feed is done. The rebalance is measured too: each
-choice is tried, the one whose windows filled the queue faster is kept (`request_rebalance`).
+an unmeasured switch part counts as one micro-step of training; it stays asleep once the feed is done.
+The rebalance is measured too: each choice is tried, the one whose windows filled the queue faster is
+kept (`request_rebalance`).
 Every decision's numbers are kept in `last_decision` and audited.
 """
 
