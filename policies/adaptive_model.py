@@ -25,6 +25,20 @@ def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int,
     return idle
 
 
+def pool_wait(pooled: list[float], *, samples: int, seconds: float, weight: float) -> list[float]:
+    """[samples, seconds] decayed by `weight` with one more wait added (unchanged for an empty wait)."""
+    if samples <= 0 or seconds <= 0:
+        return pooled
+    return [(1 - weight) * pooled[0] + samples, (1 - weight) * pooled[1] + seconds]
+
+
+def pooled_rate(pooled: list[float], *, min_samples: int) -> float:
+    """Samples/s of pooled waits, weighted by samples (a wait for one sample is mostly its collection); 0
+    until they hold `min_samples`."""
+    samples, seconds = pooled
+    return samples / seconds if samples >= min_samples and seconds > 0 else 0.0
+
+
 def first_or_ewma(average: float, value: float, *, weight: float) -> float:
     """`value` while `average` is negative (nothing measured yet), else one exponentially weighted step."""
     return value if average < 0 else average + weight * (value - average)

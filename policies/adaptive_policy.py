@@ -64,6 +64,8 @@ from policies.adaptive_model import (
     corrections_standard_error,
     cycle_idle_s,
     first_or_ewma,
+    pool_wait,
+    pooled_rate,
     robust_moving_mean_var,
 )
 from policies.adaptive_rebalance import choose_rebalance, credit_fill_rate, new_fill_rates
@@ -145,7 +147,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.static_first_fill = [0.0, 0.0]
         """[samples, seconds], decayed sums over the first micro-step's waits in cycles kept asleep (the
         queue filling right after the sync with the standalones alone: the hybrid window's counterpart);
-        their ratio is used once they hold a micro-step's worth of samples (`_first_fill_rate`)."""
+        their ratio is used once they hold a micro-step's worth of samples (`adaptive_model.pooled_rate`)."""
         self.predicted_level = 0
         """The queue level (`_queue_level`) the last decision was taken at."""
         self.stays_by_bias = 0
@@ -195,7 +197,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return False
         standalone_rate, hybrid_rate = self._rates(ctx)
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
-            activate = surplus < ctx.required_samples and _hybrids_add_samples_in_flight(ctx)
+            # lending the GPUs starts more samples only while the standalones alone hold fewer than
+            # max_required (the rollouter's cap); past it the blind switch would only spread the same ones
+            adds_samples = (not ctx.concurrent_samples_per_replica
+                            or ctx.standalone_samples_in_flight < ctx.max_required_samples)
+            activate = surplus < ctx.required_samples and adds_samples
             self.planned_wait_samples = ctx.required_samples if activate else 0
             self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,
                                   "why": "nothing measured yet: activate iff the queue cannot feed a "
@@ -204,7 +210,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
         level = _queue_level(ctx)
-        first_rate = self._first_fill_rate(ctx)
+        first_rate = pooled_rate(self.static_first_fill, min_samples=ctx.required_samples)
         static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
                                    first_rate=first_rate, required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
@@ -313,23 +319,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             outlier = error != clip_outlier(error, level_bias, variance, sigmas=OUTLIER_SIGMAS)
             self.idle_bias_by_level[key], self.idle_error_var_by_level[key] = robust_moving_mean_var(
                 level_bias, variance, error, weight=BIAS_EWMA, sigmas=OUTLIER_SIGMAS)
-        if not self.predicted_activate and not outlier:
-            self._credit_static_first_fill(ctx)
+        if not self.predicted_activate and not outlier and ctx.step_wait_samples:
+            # a cycle kept asleep: the rate its first micro-step's wait saw
+            self.static_first_fill = pool_wait(self.static_first_fill, samples=ctx.step_wait_samples[0],
+                                               seconds=ctx.step_wait_times[0], weight=BIAS_EWMA)
         self.predicted_idle_s = -1.0
-
-    def _credit_static_first_fill(self, ctx: DynamicScheduleContext) -> None:
-        """A cycle kept asleep: the rate its first micro-step's wait saw, into `static_first_fill`."""
-        if not ctx.step_wait_samples or ctx.step_wait_samples[0] <= 0 or ctx.step_wait_times[0] <= 0:
-            return
-        samples, seconds = self.static_first_fill
-        self.static_first_fill = [(1 - BIAS_EWMA) * samples + ctx.step_wait_samples[0],
-                                  (1 - BIAS_EWMA) * seconds + ctx.step_wait_times[0]]
-
-    def _first_fill_rate(self, ctx: DynamicScheduleContext) -> float:
-        """Samples/s of the first waits measured in cycles kept asleep, pooled by samples (a wait for one
-        sample is mostly its collection); 0 (the cycle's rate is used) until they hold `required`."""
-        samples, seconds = self.static_first_fill
-        return samples / seconds if samples >= ctx.required_samples and seconds > 0 else 0.0
 
     def _bias_uncertainty_s(self, level: int) -> float:
         """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured)."""
@@ -395,15 +389,6 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         info = super().describe()
         info["measured_switch_cost_s"] = max(0.0, self.activate_cost_s) + max(0.0, self.deactivate_cost_s)
         return info
-
-
-def _hybrids_add_samples_in_flight(ctx: DynamicScheduleContext) -> bool:
-    """Whether lending the GPUs raises the samples the rollouter keeps in flight: it holds at most
-    min(serving replicas x concurrent_samples_per_replica, max_required), so once the standalones alone
-    reach max_required the hybrids add no sample, only replicas to share the same ones. True when the
-    concurrency is not given (0)."""
-    per_replica = ctx.concurrent_samples_per_replica
-    return per_replica <= 0 or ctx.num_standalone_replicas * per_replica < ctx.max_required_samples
 
 
 def _queue_level(ctx: DynamicScheduleContext) -> int:

@@ -130,6 +130,13 @@ class DynamicScheduleContext:
             self.required_samples * (self.staleness_threshold + 1) * self.trigger_parameter_sync_step)
 
     @property
+    def standalone_samples_in_flight(self) -> int:
+        """Samples the rollouter keeps in flight with the standalones alone serving: min(standalones x
+        concurrent_samples_per_replica, max_required) (0 when the concurrency is not given)."""
+        standalones_hold = self.num_standalone_replicas * self.concurrent_samples_per_replica
+        return min(standalones_hold, self.max_required_samples)
+
+    @property
     def carry_over_limit_samples(self) -> int:
         """max_required - step_required: samples a version can hand to the next (queued or in flight)."""
         return self.max_required_samples - self.step_required_samples

@@ -120,6 +120,11 @@ def test_with_nothing_measured_it_activates_only_if_the_hybrids_add_samples_in_f
     assert "hybrids add samples in flight" in policy.last_decision["why"]
 
 
+def test_the_samples_the_standalones_hold_in_flight_are_capped_at_max_required():
+    assert make_ctx(concurrent_samples_per_replica=16).standalone_samples_in_flight == 2 * 16
+    assert make_ctx(concurrent_samples_per_replica=64).standalone_samples_in_flight == 96
+
+
 def test_with_nothing_measured_a_queue_that_feeds_a_micro_step_keeps_the_hybrids_asleep():
     assert make_adaptive().should_activate_after_step(4, False, make_ctx(surplus=20)) is False
 
