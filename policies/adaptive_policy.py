@@ -199,8 +199,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
             # lending the GPUs starts more samples only while the standalones alone hold fewer than
             # max_required (the rollouter's cap); past it the blind switch would only spread the same ones
-            adds_samples = (not ctx.concurrent_samples_per_replica
-                            or ctx.standalone_samples_in_flight < ctx.max_required_samples)
+            # (an unknown concurrency reads 0 in flight, so the switch is kept)
+            adds_samples = ctx.standalone_samples_in_flight < ctx.max_required_samples
             activate = surplus < ctx.required_samples and adds_samples
             self.planned_wait_samples = ctx.required_samples if activate else 0
             self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,
