@@ -23,9 +23,8 @@ from typing import Any
 
 from core import executor as ex
 from core import trainer_cycle as tc
-from core.controller import ControllerCore
+from core.build import build_controller_core, build_executor_core
 from core.flow import FlowLimits
-from policies import DynamicScheduleContext, build_policy
 from shared.names import AccountingField as A
 from shared.schema import AuditKind, CommandAction, TrainerEvent, TrainerPhase, WeightSyncReport
 from shared.vocab import LaneState
@@ -81,21 +80,10 @@ class Simulation:
         self.trainer_phase = LaneState.IDLE
         self.trainer_on_gpu = True
         """False from the trainer's offload (ReleaseTrainer) to its onload (AcquireTrainer, AcquireGpu)."""
-        ctx = DynamicScheduleContext(required_samples=self.limits.required_samples,
-                                     trigger_parameter_sync_step=self.limits.trigger_parameter_sync_step,
-                                     only_hybrid=not self.standalone_ids,
-                                     staleness_threshold=cfg.staleness_threshold,
-                                     concurrent_samples_per_replica=cfg.concurrent_samples_per_replica)
-        self.policy = build_policy(cfg.dynamic_schedule_policy,
-                                   deactivate_ratio=cfg.dynamic_schedule_deactivate_ratio,
-                                   only_hybrid=not self.standalone_ids)
-        self.core = ControllerCore(policy=self.policy, ctx=ctx, hybrid_ids=self.hybrid_ids,
-                                   standalone_ids=self.standalone_ids,
-                                   enable_rebalance=cfg.dynamic_schedule_enable_rebalance,
-                                   fold_hybrid_sync=cfg.dynamic_schedule_fold_hybrid_sync)
-        self.executor = ex.ExecutorCore(core=self.core, clock=self._now,
-                                        overlap_wake=cfg.dynamic_schedule_overlap_wake,
-                                        overlap_sleep=cfg.dynamic_schedule_overlap_sleep)
+        self.core = build_controller_core(cfg, required_samples=self.limits.required_samples,
+                                          hybrid_ids=self.hybrid_ids, standalone_ids=self.standalone_ids)
+        self.policy = self.core.policy
+        self.executor = build_executor_core(cfg, core=self.core, clock=self._now)
         self.cycle = tc.TrainerCycle(limits=self.limits, clock=self._now)
         self.metrics = CycleMetrics(train_gpus=cluster.train_gpus, rollout_gpus=cluster.rollout_gpus,
                                     dynamic=self.dynamic)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from core.build import STATIC_POLICY, policy_name
 from core.flow import FlowLimits
 from shared.config import (
     ROLLOUTER_MONITOR_INTERVAL_S,
@@ -222,8 +223,7 @@ class Scenario:
             where = f"config: {source}: " if source else "config: "
             raise ConfigError(f"{where}async_training.partial_rollout=False is invalid: expected true, the "
                               f"simulator does not model dropping partial rollouts")
-        # As the controller service builds it: without dynamic scheduling the run is plain fully-async.
-        policy = at.dynamic_schedule_policy if at.use_dynamic_resource_scheduling else "static_fully_async"
+        policy = policy_name(at)  # as the controller is built (core.build): static_fully_async if not dynamic
         flow = FlowSettings(ppo_mini_batch_size=config.trainer.ppo_mini_batch_size,
                             total_rollout_steps=config.data.total_rollout_steps, n=config.data.n,
                             dynamic_schedule_policy=policy,
@@ -265,7 +265,7 @@ class Scenario:
 
 def _policy_changes(policy: str) -> dict[str, Any]:
     dynamic = policy != "static"
-    return {"async_training.dynamic_schedule_policy": policy if dynamic else "static_fully_async",
+    return {"async_training.dynamic_schedule_policy": policy if dynamic else STATIC_POLICY,
             "async_training.use_dynamic_resource_scheduling": dynamic}
 
 

@@ -56,14 +56,33 @@ STATIC_CONTEXT_FIELDS = ("required_samples", "trigger_parameter_sync_step", "sta
                          "concurrent_samples_per_replica")
 
 
-def test_the_services_and_the_simulator_give_the_policy_the_same_static_context() -> None:
-    scenario = load_scenario(SCENARIO)
+
+def _wiring(executor: ExecutorCore) -> list[Any]:
+    core = executor.core
+    return [core.policy.policy_name, core.enable_rebalance, core.fold_hybrid_sync, executor.overlap_wake,
+            executor.overlap_sleep, *(getattr(core.ctx, name) for name in STATIC_CONTEXT_FIELDS)]
+
+
+@pytest.mark.parametrize("path", [SCENARIO, ROOT / "configs" / "sim_16_16_adaptive.yaml",
+                                  ROOT / "configs" / "sim_16_16_static.yaml"], ids=lambda p: p.stem)
+def test_the_services_and_the_simulator_build_the_same_policy_context_and_mechanics(path: Path) -> None:
+    scenario = load_scenario(path)
     bus = Bus(_FakeRedis(), Names("t"))  # type: ignore[arg-type]
-    live, planned = Controller(bus=bus, config=scenario.config).core.ctx, Simulation(scenario).core.ctx
-    assert [getattr(live, name) for name in STATIC_CONTEXT_FIELDS] == [
-        getattr(planned, name) for name in STATIC_CONTEXT_FIELDS]
+    live, planned = Controller(bus=bus, config=scenario.config).executor_core, Simulation(scenario).executor
+    assert _wiring(live) == _wiring(planned)
     given = scenario.config.async_training.concurrent_samples_per_replica
-    assert live.concurrent_samples_per_replica == given > 0
+    assert live.core.ctx.concurrent_samples_per_replica == given > 0
+
+
+def test_a_run_without_dynamic_scheduling_uses_static_fully_async_live_and_in_the_planner() -> None:
+    """Whatever policy the file names: with use_dynamic_resource_scheduling off there is nothing to lend."""
+    scenario = load_scenario(SCENARIO).with_changes({
+        "async_training.use_dynamic_resource_scheduling": False,
+        "async_training.dynamic_schedule_policy": "default"})
+    bus = Bus(_FakeRedis(), Names("t"))  # type: ignore[arg-type]
+    live, planned = Controller(bus=bus, config=scenario.config).core, Simulation(scenario).core
+    assert live.policy.policy_name == planned.policy.policy_name == "static_fully_async"
+    assert live.hybrid_ids == planned.hybrid_ids == ()
 
 
 ORCHESTRATION_NAMES = {

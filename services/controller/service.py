@@ -27,9 +27,10 @@ from typing import Any, TypeVar
 
 from core import executor as ex
 from core import metrics as M
+from core.build import build_controller_core, build_executor_core
 from core.controller import ControllerCore, Mode
 from core.metrics import CycleAggregator
-from policies import DynamicScheduleContext, DynamicSchedulePolicyBase, build_policy, load_policy_module
+from policies import DynamicSchedulePolicyBase, build_policy, load_policy_module
 from services.controller.executor import Executor
 from services.controller.snapshot import HandledEvent, dump_snapshot, load_snapshot
 from shared.bus import Bus, text
@@ -62,26 +63,13 @@ def build_core(config: Config) -> ControllerCore:
     at = config.async_training
     if at.dynamic_schedule_policy_module:
         load_policy_module(at.dynamic_schedule_policy_module)
-    name = at.dynamic_schedule_policy if at.use_dynamic_resource_scheduling else "static_fully_async"
-    policy = build_policy(name, deactivate_ratio=at.dynamic_schedule_deactivate_ratio,
-                          only_hybrid=config.only_hybrid)
-    ctx = DynamicScheduleContext(
-        required_samples=config.trainer.ppo_mini_batch_size * at.require_batches,
-        trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-        only_hybrid=config.only_hybrid, staleness_threshold=at.staleness_threshold,
-        concurrent_samples_per_replica=at.concurrent_samples_per_replica)
-    return ControllerCore(policy=policy, ctx=ctx, hybrid_ids=config.hybrid_ids,
-                          standalone_ids=config.standalone_ids,
-                          enable_rebalance=at.dynamic_schedule_enable_rebalance,
-                          fold_hybrid_sync=at.dynamic_schedule_fold_hybrid_sync)
+    return build_controller_core(at, required_samples=config.trainer.ppo_mini_batch_size * at.require_batches,
+                                 hybrid_ids=config.hybrid_ids, standalone_ids=config.standalone_ids)
 
 
 def executor_core(core: ControllerCore, config: Config) -> ex.ExecutorCore:
     """The command semantics around `core`, with the config's switch overlaps, on the wall clock."""
-    options = config.async_training
-    return ex.ExecutorCore(core=core, clock=time.monotonic,
-                           overlap_wake=options.dynamic_schedule_overlap_wake,
-                           overlap_sleep=options.dynamic_schedule_overlap_sleep)
+    return build_executor_core(config.async_training, core=core, clock=time.monotonic)
 
 
 class Controller:
