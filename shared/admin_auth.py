@@ -18,6 +18,8 @@ TOKEN_ENV = "DYNSCHED_ADMIN_TOKEN"
 """The admin token itself."""
 TOKEN_FILE_ENV = "DYNSCHED_ADMIN_TOKEN_FILE"
 """A file holding the admin token (a compose/k8s secret); read when TOKEN_ENV is not set."""
+ADMIN_BACKLOG = 2048
+"""Connections the admin socket queues before the server accepts them (uvicorn's default backlog)."""
 MAX_BODY_BYTES = 64 * 1024
 """Largest request body the admin API reads; bigger ones get 413 before they are buffered."""
 
@@ -52,11 +54,14 @@ def is_loopback(host: str) -> bool:
 def bind_admin_socket(host: str, port: int) -> socket.socket:
     """The admin API's listening socket, bound as the controller binds it (SO_REUSEADDR: a restart reuses a
     fixed port at once); OSError when another process holds the port. The CLI binds one the same way
-    before a run starts, to say so in one line."""
+    before a run starts, to say so in one line. It listens at once: the controller publishes its address
+    before the server starts accepting, and a client that reads the address in between (the CLI, a
+    browser) must wait in the backlog, not be refused."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(ADMIN_BACKLOG)
     except OSError:
         sock.close()
         raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,14 @@ import httpx
 import pytest
 import yaml
 
-from shared.admin_auth import TOKEN_ENV, TOKEN_FILE_ENV, check_bind, is_loopback, load_admin_token
+from shared.admin_auth import (
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    bind_admin_socket,
+    check_bind,
+    is_loopback,
+    load_admin_token,
+)
 from shared.config import config_to_dict
 from shared.runtime import free_port
 from tests.conftest import RedisServer
@@ -196,3 +204,13 @@ def test_the_token_comes_from_the_variable_or_the_file_and_the_bind_rule_is_chec
     check_bind("0.0.0.0", "abc")
     with pytest.raises(ValueError, match="not a loopback address"):
         check_bind("0.0.0.0", "")
+
+
+def test_a_client_that_connects_as_soon_as_the_address_is_published_waits_instead_of_being_refused() -> None:
+    """The controller publishes its admin address before uvicorn accepts: the socket already listens."""
+    sock = bind_admin_socket("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname(), timeout=5):  # nobody has accepted yet
+            pass
+    finally:
+        sock.close()
