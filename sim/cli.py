@@ -49,6 +49,16 @@ def parse_multiples(text: str) -> tuple[float, ...]:
     return multiples
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def _load(args: argparse.Namespace) -> Scenario:
     """The config as the simulator's view; every mistake is one ConfigError line naming the file."""
     for module in args.policy_module:
@@ -128,7 +138,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     scenario = _load(args)
     rows = plan(scenario, policy_modules=tuple(args.policy_module), workers=args.workers,
-                concurrency=args.concurrency)
+                concurrency=args.concurrency, seeds=args.seeds)
     best = recommend(rows)
     print(f"config {scenario.name}: {scenario.cluster.total_gpus} GPUs, "
           f"{scenario.async_training.total_rollout_steps} prompts")
@@ -136,7 +146,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     kind = "plain fully-async" if best.policy == "static" else f"dynamic scheduling, policy {best.policy!r}"
     print(f"recommended: {best.train_gpus} train + {best.rollout_gpus} rollout GPUs, {kind}, "
           f"concurrent_samples_per_replica {best.concurrency} "
-          f"({best.wall_h:.3f} h, {best.bound_ratio:.2f}x the ideal bound)")
+          f"({best.wall_h:.3f} h{f' on average over {best.seeds} workload draws' if best.seeds > 1 else ''}, "
+          f"{best.bound_ratio:.2f}x the ideal bound)")
     return 0
 
 
@@ -165,6 +176,9 @@ def add_subcommands(subparsers: Any) -> None:
     pl.add_argument("--concurrency", type=parse_multiples, default=DEFAULT_CONCURRENCY,
                     help="multiples of the config's concurrent_samples_per_replica to try, e.g. 1,1.5,2 "
                          "(default 1,2)")
+    pl.add_argument("--seeds", type=positive_int, default=1,
+                    help="workload draws per run (run.seed and the next ones), ranked by their mean: a noisy "
+                         "workload's gap between two policies on one draw is partly chance (default 1)")
     pl.set_defaults(handler=cmd_plan)
 
 

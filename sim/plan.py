@@ -22,6 +22,7 @@ a matter of counts), so concurrency and policy only move the tail of samples 2+ 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ class PlanRow:
     """Mean versions a trained sample lags the trainer (`SimResult.mean_sample_lag`)."""
     stale_tail_share: float = 0.0
     """Share of trained samples 2 or more versions behind the trainer."""
+    seeds: int = 1
+    """Workload draws the row is the mean of (``--seeds``): the config's seed and the next ones."""
+    wall_h_spread: float = 0.0
+    """Slowest minus fastest of those draws, hours (0 for one draw)."""
 
 
 def splits(scenario: Scenario) -> list[tuple[int, int]]:
@@ -74,11 +79,16 @@ def concurrencies(scenario: Scenario, multiples: tuple[float, ...]) -> list[int]
     return sorted({max(1, round(configured * m)) for m in multiples})
 
 
-def _run_one(job: tuple[Scenario, int, int, str, int, tuple[str, ...]]) -> PlanRow:
-    scenario, train, rollout, policy, concurrency, modules = job
+Job = tuple[Scenario, int, int, str, int, tuple[str, ...], int]
+"""(scenario, train GPUs, rollout GPUs, policy, concurrency, policy modules, seed)."""
+
+
+def _run_one(job: Job) -> PlanRow:
+    scenario, train, rollout, policy, concurrency, modules, seed = job
     for module in modules:  # worker processes need the user's registrations too
         load_policy_module(module)
-    run = scenario.with_changes({"async_training.concurrent_samples_per_replica": concurrency})
+    run = scenario.with_seed(seed).with_changes(
+        {"async_training.concurrent_samples_per_replica": concurrency})
     res = simulate(run.with_split(train, rollout, policy=policy))
     return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, concurrency=concurrency,
                    wall_h=res.wall_s / 3600.0,
@@ -92,25 +102,45 @@ DEFAULT_CONCURRENCY = (1.0, 2.0)
 
 
 def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: int | None = None,
-         policies: tuple[str, ...] = (),
-         concurrency: tuple[float, ...] = DEFAULT_CONCURRENCY) -> list[PlanRow]:
+         policies: tuple[str, ...] = (), concurrency: tuple[float, ...] = DEFAULT_CONCURRENCY,
+         seeds: int = 1) -> list[PlanRow]:
     """Every (split, policy, concurrency) run, fastest first; `policies` (default: static and every
     registered one) narrows the sweep, `concurrency` gives the multiples of the config's samples in
-    flight per replica. Splits with no rollout GPUs only run dynamic policies."""
-    jobs = []
+    flight per replica. Splits with no rollout GPUs only run dynamic policies. With `seeds` > 1 each
+    run is simulated on that many workload draws (the config's seed and the next ones, the same draws for
+    every run) and ranked by their mean: a version bound by its slowest sample makes one draw's gap
+    between two policies partly chance."""
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    jobs: list[Job] = []
     for train, rollout in splits(scenario):
         for policy in policies or _policies(policy_modules):
             if rollout == 0 and policy == "static":
                 continue
             for samples in concurrencies(scenario, concurrency):
-                jobs.append((scenario, train, rollout, policy, samples, policy_modules))
+                jobs += [(scenario, train, rollout, policy, samples, policy_modules, scenario.seed + i)
+                         for i in range(seeds)]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
-        rows = [_run_one(job) for job in jobs]
+        draws = [_run_one(job) for job in jobs]
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows = list(pool.map(_run_one, jobs))
+            draws = list(pool.map(_run_one, jobs))
+    rows = [_mean_row(draws[i:i + seeds]) for i in range(0, len(draws), seeds)]
     return sorted(rows, key=lambda r: r.wall_h)
+
+
+def _mean_row(draws: list[PlanRow]) -> PlanRow:
+    """One run's draws (same split, policy and concurrency) as their mean, with the wall time's spread."""
+    def mean(name: str) -> float:
+        return sum(getattr(d, name) for d in draws) / len(draws)
+
+    walls = [d.wall_h for d in draws]
+    return dataclasses.replace(
+        draws[0], wall_h=mean("wall_h"), bound_ratio=mean("bound_ratio"),
+        activations=round(mean("activations")), mean_mq_size=mean("mean_mq_size"),
+        mean_sample_lag=mean("mean_sample_lag"), stale_tail_share=mean("stale_tail_share"),
+        seeds=len(draws), wall_h_spread=max(walls) - min(walls))
 
 
 def recommend(rows: list[PlanRow], *, min_gain: float = 0.02) -> PlanRow:
@@ -122,15 +152,19 @@ def recommend(rows: list[PlanRow], *, min_gain: float = 0.02) -> PlanRow:
 
 
 def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
-    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'conc.':>5} {'wall h':>7} {'x bound':>7} "
-             f"{'activ.':>6} {'mean mq':>7} {'lag v.':>6} {'lag>=2':>6}"]
+    spread = any(r.seeds > 1 for r in rows)
+    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'conc.':>5} {'wall h':>7} "
+             + (f"{'spread':>7} " if spread else "")
+             + f"{'x bound':>7} {'activ.':>6} {'mean mq':>7} {'lag v.':>6} {'lag>=2':>6}"]
     for i, r in enumerate(rows, 1):
         mark = "  <- recommended" if r == recommended else ""
         lines.append(f"{i:>4}  {r.train_gpus:>4}:{r.rollout_gpus:<4}  {r.policy:<20} {r.concurrency:>5} "
-                     f"{r.wall_h:>7.3f} "
-                     f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f} "
+                     f"{r.wall_h:>7.3f} " + (f"{r.wall_h_spread:>7.3f} " if spread else "")
+                     + f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f} "
                      f"{r.mean_sample_lag:>6.2f} {100 * r.stale_tail_share:>5.1f}%{mark}")
-    return "\n".join([*lines, PLAN_LEGEND])
+    legend = PLAN_LEGEND + (f"; wall h: the mean over {rows[0].seeds} workload draws, spread: their slowest "
+                            "minus their fastest" if spread else "")
+    return "\n".join([*lines, legend])
 
 
 PLAN_LEGEND = ("conc.: async_training.concurrent_samples_per_replica (samples in flight per replica); "

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sim.cli import main as cli_main
+from sim.plan import format_table, plan, recommend
 from sim.run import flow_limits, simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -142,3 +144,26 @@ def test_a_rollouter_that_never_reaches_its_limit_trains_younger_samples() -> No
     full = simulate(small("production").with_split(16, 16, policy="static"))
     assert starved.mean_sample_lag() < full.mean_sample_lag()
     assert starved.summary()["mean_sample_lag_versions"] == round(starved.mean_sample_lag(), 3)
+
+
+def test_a_plan_over_several_workload_draws_ranks_each_run_by_its_mean_and_shows_the_spread() -> None:
+    scenario = small("production").with_prompts(128)
+    args: dict[str, Any] = {"policies": ("static", "adaptive"), "concurrency": (1.0,), "workers": 1}
+    draws = [plan(scenario.with_seed(scenario.seed + i), **args) for i in range(2)]
+    rows = plan(scenario, seeds=2, **args)
+    assert len(rows) == len(draws[0])
+    for row in rows:
+        one = [next(r for r in d if (r.train_gpus, r.policy) == (row.train_gpus, row.policy)) for d in draws]
+        assert row.seeds == 2
+        assert row.wall_h == pytest.approx((one[0].wall_h + one[1].wall_h) / 2)
+        assert row.wall_h_spread == pytest.approx(abs(one[0].wall_h - one[1].wall_h))
+    assert [r.wall_h for r in rows] == sorted(r.wall_h for r in rows)
+    table = format_table(rows, recommended=recommend(rows))
+    assert "spread" in table.splitlines()[0] and "mean over 2 workload draws" in table
+
+
+def test_plan_refuses_fewer_than_one_workload_draw(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(SCENARIOS / "small_production_bound.yaml")
+    with pytest.raises(SystemExit):
+        cli_main(["plan", "--scenario", path, "--seeds", "0"])
+    assert "expected a whole number >= 1, got '0'" in capsys.readouterr().err
