@@ -31,12 +31,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from bench import write_result
 from sim.run import simulate
-from sim.scenario import load_scenario
+from sim.scenario import Scenario, load_scenario
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TRAINER_S_PER_SAMPLE = (6.0, 13.0, 20.0, 26.0, 40.0, 60.0)
@@ -107,17 +108,35 @@ def grid(name: str, *, points: int = 0, seed: int = 0) -> list[dict[str, Any]]:
             for per_sample, staleness, trigger in itertools.product(TRAINER_S_PER_SAMPLE, STALENESS, TRIGGER)]
 
 
-def point(config: Path, policy: str, prompts: int, changes: dict[str, Any]) -> dict[str, Any]:
-    """Wall seconds of static and of `policy` on the config's split with `changes` applied."""
+def point(config: Path, policy: str, prompts: int, changes: dict[str, Any], *,
+          workload_seeds: int = 1) -> dict[str, Any]:
+    """Wall seconds of static and of `policy` on the config's split with `changes` applied; with
+    `workload_seeds` > 1, the means over that many workload draws (the config's seed and the next ones),
+    `vs_static` the mean of each draw's ratio and `vs_static_spread` their range."""
     base = load_scenario(config)
     base = (base.with_prompts(prompts) if prompts else base).with_changes(changes)
-    static_s = simulate(base.with_policy("static")).wall_s
-    result = simulate(base.with_policy(policy))
+    draws = [_draw(base.with_seed(base.seed + i), policy) for i in range(workload_seeds)]
+    ratios = [d["vs_static"] for d in draws]
+    return {**changes, "static_s": _mean(d["static_s"] for d in draws),
+            "policy_s": _mean(d["policy_s"] for d in draws),
+            "activations": round(_mean(d["activations"] for d in draws)),
+            "start_up_only": all(d["start_up_only"] for d in draws),
+            "vs_static": _mean(ratios), "vs_static_spread": max(ratios) - min(ratios)}
+
+
+def _draw(scenario: Scenario, policy: str) -> dict[str, Any]:
+    static_s = simulate(scenario.with_policy("static")).wall_s
+    result = simulate(scenario.with_policy(policy))
     first = result.decisions[0] if result.decisions else {}
-    return {**changes, "static_s": static_s, "policy_s": result.wall_s, "activations": result.activations,
+    return {"static_s": static_s, "policy_s": result.wall_s, "activations": result.activations,
             "start_up_only": result.activations == 1 and first.get("decision") == "activate"
             and first.get("version") == 0,
             "vs_static": result.wall_s / static_s - 1.0}
+
+
+def _mean(values: Iterable[float]) -> float:
+    listed = list(values)
+    return sum(listed) / len(listed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,13 +151,17 @@ def main(argv: list[str] | None = None) -> int:
                              "weighs less)")
     parser.add_argument("--points", type=int, default=40, help="points of the random grid")
     parser.add_argument("--seed", type=int, default=0, help="the random grid's draw")
+    parser.add_argument("--workload-seeds", type=int, default=1,
+                        help="judge each point on the mean over this many workload draws (run.seed and "
+                             "the next ones): a latency-bound point's gap on one draw is partly chance")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     configs = args.config or [PROJECT_ROOT / "configs" / "sim_16_16_adaptive.yaml"]
     rows = []
     for config in configs:
         for changes in grid(args.grid, points=args.points, seed=args.seed):
-            row = {"config": str(config), **point(config, args.policy, args.prompts, changes)}
+            row = {"config": str(config), **point(config, args.policy, args.prompts, changes,
+                                                  workload_seeds=args.workload_seeds)}
             rows.append(row)
             where = "  ".join(f"{key.rsplit('.', 1)[-1]} {value:g}" for key, value in changes.items())
             print(f"{config.stem}  {where}:  static {row['static_s']:9.1f} s  {args.policy} "
@@ -147,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     for config in configs:
         print(summary_line(config, [row for row in rows if row["config"] == str(config)]))
     write_result(args.out, {"configs": [str(c) for c in configs], "grid": args.grid, "policy": args.policy,
-                            "prompts": args.prompts, "points": args.points, "seed": args.seed, "rows": rows})
+                            "prompts": args.prompts, "points": args.points, "seed": args.seed,
+                            "workload_seeds": args.workload_seeds, "rows": rows})
     return 0
 
 

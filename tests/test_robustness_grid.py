@@ -74,3 +74,15 @@ def test_a_point_says_whether_its_one_switch_was_the_blind_start_up_activation()
     fast_trainer = {**slow_trainer, "trainer.time_per_sample_s": 6.0}
     assert point(CONFIG, "adaptive", 320, fast_trainer)["start_up_only"] is False  # it switches again
     assert point(CONFIG, "static", 160, {})["start_up_only"] is False
+
+
+def test_a_point_over_several_workload_draws_is_the_mean_of_each_draws_ratio_with_its_range() -> None:
+    changes = {"trainer.time_per_sample_s": 13.0}
+    seed = load_scenario(CONFIG).seed
+    one = [point(CONFIG, "adaptive", 160, {**changes, "run.seed": seed + i}) for i in range(2)]
+    both = point(CONFIG, "adaptive", 160, changes, workload_seeds=2)
+    assert one[0]["vs_static"] != one[1]["vs_static"]  # two different draws
+    assert both["vs_static"] == pytest.approx((one[0]["vs_static"] + one[1]["vs_static"]) / 2)
+    assert both["vs_static_spread"] == pytest.approx(abs(one[0]["vs_static"] - one[1]["vs_static"]))
+    assert both["static_s"] == pytest.approx((one[0]["static_s"] + one[1]["static_s"]) / 2)
+    assert point(CONFIG, "adaptive", 160, changes)["vs_static_spread"] == 0.0
