@@ -31,11 +31,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
-from collections.abc import Iterable
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from bench import write_result
+from sim.cli import positive_int
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -117,11 +118,11 @@ def point(config: Path, policy: str, prompts: int, changes: dict[str, Any], *,
     base = (base.with_prompts(prompts) if prompts else base).with_changes(changes)
     draws = [_draw(base.with_seed(base.seed + i), policy) for i in range(workload_seeds)]
     ratios = [d["vs_static"] for d in draws]
-    return {**changes, "static_s": _mean(d["static_s"] for d in draws),
-            "policy_s": _mean(d["policy_s"] for d in draws),
-            "activations": round(_mean(d["activations"] for d in draws)),
+    return {**changes, "static_s": fmean(d["static_s"] for d in draws),
+            "policy_s": fmean(d["policy_s"] for d in draws),
+            "activations": round(fmean(d["activations"] for d in draws)),
             "start_up_only": all(d["start_up_only"] for d in draws),
-            "vs_static": _mean(ratios), "vs_static_spread": max(ratios) - min(ratios)}
+            "vs_static": fmean(ratios), "vs_static_spread": max(ratios) - min(ratios)}
 
 
 def _draw(scenario: Scenario, policy: str) -> dict[str, Any]:
@@ -132,11 +133,6 @@ def _draw(scenario: Scenario, policy: str) -> dict[str, Any]:
             "start_up_only": result.activations == 1 and first.get("decision") == "activate"
             and first.get("version") == 0,
             "vs_static": result.wall_s / static_s - 1.0}
-
-
-def _mean(values: Iterable[float]) -> float:
-    listed = list(values)
-    return sum(listed) / len(listed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                              "weighs less)")
     parser.add_argument("--points", type=int, default=40, help="points of the random grid")
     parser.add_argument("--seed", type=int, default=0, help="the random grid's draw")
-    parser.add_argument("--workload-seeds", type=int, default=1,
+    parser.add_argument("--workload-seeds", type=positive_int, default=1,
                         help="judge each point on the mean over this many workload draws (run.seed and "
                              "the next ones): a latency-bound point's gap on one draw is partly chance")
     parser.add_argument("--out", type=Path, default=None)

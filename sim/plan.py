@@ -26,6 +26,7 @@ import dataclasses
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from statistics import fmean
 
 from policies import load_policy_module, registered_policies
 from sim.run import simulate
@@ -133,7 +134,7 @@ def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: i
 def _mean_row(draws: list[PlanRow]) -> PlanRow:
     """One run's draws (same split, policy and concurrency) as their mean, with the wall time's spread."""
     def mean(name: str) -> float:
-        return sum(getattr(d, name) for d in draws) / len(draws)
+        return fmean(getattr(d, name) for d in draws)
 
     walls = [d.wall_h for d in draws]
     return dataclasses.replace(
