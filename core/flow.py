@@ -15,6 +15,8 @@ one sample = one prompt x ``rollout.n``)::
     max_queue_size  = max_required
     total_train_steps = int(total_rollout_steps / step_required)
     max_concurrent  = min(active_replicas * concurrent_samples_per_replica, max_required)
+                      (with hybrid_concurrent_samples_per_replica set, each active hybrid counts that
+                      many instead: an extension, the seed's formula when it is not set)
 
 Pause when ``queue_size >= max_queue_size`` or ``staleness_samples >=
 max_required``. At reset: un-pause, ``staleness_samples = num_active +
@@ -96,14 +98,25 @@ class FlowLimits:
                    staleness_threshold=at.staleness_threshold,
                    total_rollout_steps=config.data.total_rollout_steps)
 
-    def max_concurrent(self, active_replicas: int, concurrent_samples_per_replica: int) -> int:
-        """Samples that may be generating at once; recompute on every replica change."""
+    def max_concurrent(self, active_replicas: int, concurrent_samples_per_replica: int, *,
+                       standalone_replicas: int | None = None,
+                       hybrid_concurrent_samples_per_replica: int | None = None) -> int:
+        """Samples that may be generating at once; recompute on every replica change. The active
+        replicas past the first `standalone_replicas` are hybrids, each holding
+        `hybrid_concurrent_samples_per_replica` (None: the same as a standalone; the seed's formula)."""
         if active_replicas < 0:
             raise ValueError(f"active_replicas must be >= 0, got {active_replicas}")
-        if concurrent_samples_per_replica < 1:
-            raise ValueError(
-                f"concurrent_samples_per_replica must be >= 1, got {concurrent_samples_per_replica}")
-        return min(active_replicas * concurrent_samples_per_replica, self.max_required)
+        for name, value in (("concurrent_samples_per_replica", concurrent_samples_per_replica),
+                            ("hybrid_concurrent_samples_per_replica", hybrid_concurrent_samples_per_replica)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        per_standalone = concurrent_samples_per_replica
+        per_hybrid = hybrid_concurrent_samples_per_replica or per_standalone
+        standalones = active_replicas
+        if standalone_replicas is not None:
+            standalones = min(active_replicas, standalone_replicas)
+        capacity = standalones * per_standalone + (active_replicas - standalones) * per_hybrid
+        return min(capacity, self.max_required)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

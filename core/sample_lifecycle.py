@@ -86,9 +86,14 @@ class RolloutStatus:
 class SampleLifecycle:
     """Which prompt to start next, and the staleness, utilization and idle bookkeeping around it."""
 
-    def __init__(self, *, limits: FlowLimits, concurrent_samples_per_replica: int, now_s: float) -> None:
+    def __init__(self, *, limits: FlowLimits, concurrent_samples_per_replica: int, now_s: float,
+                 standalone_replicas: int | None = None,
+                 hybrid_concurrent_samples_per_replica: int | None = None) -> None:
         self.limits = limits
         self.concurrent_samples_per_replica = concurrent_samples_per_replica
+        self.standalone_replicas = standalone_replicas
+        """The active replicas past this many are hybrids (None: every replica counts as a standalone)."""
+        self.hybrid_concurrent_samples_per_replica = hybrid_concurrent_samples_per_replica
         self.tracker = StalenessTracker(limits=limits, now_s=now_s)
         self.history = UtilizationHistory(t0=now_s)
         """(time, active samples, capacity) since the last reset (section 4.2)."""
@@ -145,7 +150,9 @@ class SampleLifecycle:
     def set_replicas(self, num_replicas: int, now_s: float) -> None:
         """max_concurrent_samples is recomputed, and recorded in the utilization history, on every change."""
         self.num_replicas = num_replicas
-        self.max_concurrent = self.limits.max_concurrent(num_replicas, self.concurrent_samples_per_replica)
+        self.max_concurrent = self.limits.max_concurrent(
+            num_replicas, self.concurrent_samples_per_replica, standalone_replicas=self.standalone_replicas,
+            hybrid_concurrent_samples_per_replica=self.hybrid_concurrent_samples_per_replica)
         if self.max_concurrent:
             self.history.set_initial_capacity(self.max_concurrent)
         self._record(now_s)

@@ -165,6 +165,13 @@ class AsyncTrainingConfig(_Section):
     dynamic_schedule_deactivate_ratio: Annotated[float, Field(ge=0, le=1)] = 0.3
     dynamic_schedule_enable_rebalance: bool = True
     concurrent_samples_per_replica: Count = 16
+    hybrid_concurrent_samples_per_replica: Count | None = None
+    """Samples the rollouter keeps in flight per *hybrid* replica while the hybrids serve (None: as many
+    as `concurrent_samples_per_replica`). A hybrid shares its GPUs with the trainer's offloaded state, so
+    its KV cache is often smaller; and on an engine whose decode step grows with the batch, fewer samples
+    started on the hybrids means less unfinished work handed to the standalones when the hybrids sleep
+    (docs/scheduling.md, "Samples in flight on the hybrids"); `dynsched plan --hybrid-concurrency` tries
+    values."""
     dynamic_schedule_fold_hybrid_sync: bool = False
     """Activation wakes the hybrids first and syncs them in the standalones' weight sync instead of
     after it (false: the seed's order, standalone sync -> wake -> hybrid sync)."""

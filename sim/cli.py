@@ -8,6 +8,7 @@ standalone. This module only parses arguments, calls ``sim.run`` /
     simulate --config FILE [--policy NAME] [--split T:R] [--compare T:R,...]
              [--policy-module MOD] [--prompts N] [--out DIR] [--json]
     plan     --config FILE [--policy-module MOD] [--prompts N] [--workers K] [--concurrency 1,2]
+             [--hybrid-concurrency 1,0.5] [--seeds N]
 
 FILE is a run config, the same file `dynsched run` takes (configs/*.yaml, or the
 planning scenarios in scenarios/*.yaml); ``--scenario`` is an alias of ``--config``.
@@ -24,7 +25,7 @@ from typing import Any
 from policies import load_policy_module, registered_policies
 from policies.check import check_policy
 from shared.config import ConfigError, load_config
-from sim.plan import DEFAULT_CONCURRENCY, format_table, plan, recommend
+from sim.plan import DEFAULT_CONCURRENCY, DEFAULT_HYBRID_CONCURRENCY, format_table, plan, recommend
 from sim.result import SimResult
 from sim.run import simulate
 from sim.scenario import Scenario
@@ -138,7 +139,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     scenario = _load(args)
     rows = plan(scenario, policy_modules=tuple(args.policy_module), workers=args.workers,
-                concurrency=args.concurrency, seeds=args.seeds)
+                concurrency=args.concurrency, hybrid_concurrency=args.hybrid_concurrency, seeds=args.seeds)
     best = recommend(rows)
     print(f"config {scenario.name}: {scenario.cluster.total_gpus} GPUs, "
           f"{scenario.async_training.total_rollout_steps} prompts")
@@ -146,6 +147,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     kind = "plain fully-async" if best.policy == "static" else f"dynamic scheduling, policy {best.policy!r}"
     print(f"recommended: {best.train_gpus} train + {best.rollout_gpus} rollout GPUs, {kind}, "
           f"concurrent_samples_per_replica {best.concurrency} "
+          f"{'' if best.hybrid_concurrency is None else f'(hybrids {best.hybrid_concurrency}) '}"
           f"({best.wall_h:.3f} h{f' on average over {best.seeds} workload draws' if best.seeds > 1 else ''}, "
           f"{best.bound_ratio:.2f}x the ideal bound)")
     return 0
@@ -176,6 +178,9 @@ def add_subcommands(subparsers: Any) -> None:
     pl.add_argument("--concurrency", type=parse_multiples, default=DEFAULT_CONCURRENCY,
                     help="multiples of the config's concurrent_samples_per_replica to try, e.g. 1,1.5,2 "
                          "(default 1,2)")
+    pl.add_argument("--hybrid-concurrency", type=parse_multiples, default=DEFAULT_HYBRID_CONCURRENCY,
+                    help="multiples of the config's samples in flight per hybrid replica to try in dynamic "
+                         "runs, e.g. 1,0.5 (default 1; async_training.hybrid_concurrent_samples_per_replica)")
     pl.add_argument("--seeds", type=positive_int, default=1,
                     help="workload draws per run (run.seed and the next ones), ranked by their mean: a noisy "
                          "workload's gap between two policies on one draw is partly chance (default 1)")

@@ -18,6 +18,13 @@ only is not the best static split. What more samples in flight cost in data age 
 (`lag v.`, `lag>=2`) rather than weighs: the mean lag of trained samples is set by the staleness limit
 whenever the rollouter reaches it each version (which versions samples start and are trained in is then
 a matter of counts), so concurrency and policy only move the tail of samples 2+ versions old.
+
+Each dynamic run also runs at every multiple given (``--hybrid-concurrency``, default 1: the config's
+own) of the samples in flight per *hybrid* replica (`hybrid_concurrent_samples_per_replica`, which scales
+with the run's concurrency).
+On an engine whose decode step grows with the batch, fewer samples started on the hybrids hand less
+unfinished work to the standalones when the hybrids sleep (docs/scheduling.md, "Samples in flight on the
+hybrids"); on a flat one they lose throughput, so the planner measures it per config.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ class PlanRow:
     policy: str
     concurrency: int
     """`concurrent_samples_per_replica` of the run."""
+    hybrid_concurrency: int | None = None
+    """`hybrid_concurrent_samples_per_replica` of a dynamic run (None: a static run, or as `concurrency`)."""
     wall_h: float
     bound_ratio: float
     activations: int
@@ -80,19 +89,34 @@ def concurrencies(scenario: Scenario, multiples: tuple[float, ...]) -> list[int]
     return sorted({max(1, round(configured * m)) for m in multiples})
 
 
-Job = tuple[Scenario, int, int, str, int, tuple[str, ...], int]
-"""(scenario, train GPUs, rollout GPUs, policy, concurrency, policy modules, seed)."""
+def hybrid_concurrencies(scenario: Scenario, concurrency: int,
+                         multiples: tuple[float, ...]) -> list[int | None]:
+    """The distinct samples in flight per hybrid replica for a run at `concurrency`: the config's hybrid
+    share of it (`hybrid_concurrent_samples_per_replica` / `concurrent_samples_per_replica`, 1 when not
+    set) times each multiple, at least 1; None where that equals `concurrency` (hybrids as standalones)."""
+    if not multiples or any(m <= 0 for m in multiples):
+        raise ValueError(f"hybrid concurrency multiples must be positive, got {multiples}")
+    at = scenario.config.async_training
+    per_standalone = at.concurrent_samples_per_replica
+    share = (at.hybrid_concurrent_samples_per_replica or per_standalone) / per_standalone
+    values = sorted({max(1, round(concurrency * share * m)) for m in multiples})
+    return [None if v == concurrency else v for v in values]
+
+
+Job = tuple[Scenario, int, int, str, int, int | None, tuple[str, ...], int]
+"""(scenario, train GPUs, rollout GPUs, policy, concurrency, hybrid concurrency, policy modules, seed)."""
 
 
 def _run_one(job: Job) -> PlanRow:
-    scenario, train, rollout, policy, concurrency, modules, seed = job
+    scenario, train, rollout, policy, concurrency, hybrid_concurrency, modules, seed = job
     for module in modules:  # worker processes need the user's registrations too
         load_policy_module(module)
     run = scenario.with_seed(seed).with_changes(
-        {"async_training.concurrent_samples_per_replica": concurrency})
+        {"async_training.concurrent_samples_per_replica": concurrency,
+         "async_training.hybrid_concurrent_samples_per_replica": hybrid_concurrency})
     res = simulate(run.with_split(train, rollout, policy=policy))
     return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, concurrency=concurrency,
-                   wall_h=res.wall_s / 3600.0,
+                   hybrid_concurrency=hybrid_concurrency, wall_h=res.wall_s / 3600.0,
                    bound_ratio=res.bound_ratio, activations=res.activations,
                    mean_mq_size=res.mean_mq_size(), mean_sample_lag=res.mean_sample_lag(),
                    stale_tail_share=res.stale_tail_share(versions=2))
@@ -100,14 +124,17 @@ def _run_one(job: Job) -> PlanRow:
 
 DEFAULT_CONCURRENCY = (1.0, 2.0)
 """Multiples of the config's `concurrent_samples_per_replica` the planner tries by default."""
+DEFAULT_HYBRID_CONCURRENCY = (1.0,)
+"""Multiples of a run's concurrency tried for the hybrid replicas by default (1: as a standalone)."""
 
 
 def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: int | None = None,
          policies: tuple[str, ...] = (), concurrency: tuple[float, ...] = DEFAULT_CONCURRENCY,
-         seeds: int = 1) -> list[PlanRow]:
+         hybrid_concurrency: tuple[float, ...] = DEFAULT_HYBRID_CONCURRENCY, seeds: int = 1) -> list[PlanRow]:
     """Every (split, policy, concurrency) run, fastest first; `policies` (default: static and every
     registered one) narrows the sweep, `concurrency` gives the multiples of the config's samples in
-    flight per replica. Splits with no rollout GPUs only run dynamic policies. With `seeds` > 1 each
+    flight per replica, `hybrid_concurrency` those of each run's for the hybrids (dynamic runs). Splits
+    with no rollout GPUs only run dynamic policies. With `seeds` > 1 each
     run is simulated on that many workload draws (the config's seed and the next ones, the same draws for
     every run) and ranked by their mean: a version bound by its slowest sample makes one draw's gap
     between two policies partly chance."""
@@ -119,8 +146,11 @@ def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: i
             if rollout == 0 and policy == "static":
                 continue
             for samples in concurrencies(scenario, concurrency):
-                jobs += [(scenario, train, rollout, policy, samples, policy_modules, scenario.seed + i)
-                         for i in range(seeds)]
+                hybrid: list[int | None] = [None]
+                if policy != "static":
+                    hybrid = hybrid_concurrencies(scenario, samples, hybrid_concurrency)
+                jobs += [(scenario, train, rollout, policy, samples, hybrid_samples, policy_modules,
+                          scenario.seed + i) for hybrid_samples in hybrid for i in range(seeds)]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         draws = [_run_one(job) for job in jobs]
@@ -154,12 +184,14 @@ def recommend(rows: list[PlanRow], *, min_gain: float = 0.02) -> PlanRow:
 
 def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
     spread = any(r.seeds > 1 for r in rows)
-    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'conc.':>5} {'wall h':>7} "
+    lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'conc.':>5} {'hyb.':>4} {'wall h':>7} "
              + (f"{'spread':>7} " if spread else "")
              + f"{'x bound':>7} {'activ.':>6} {'mean mq':>7} {'lag v.':>6} {'lag>=2':>6}"]
     for i, r in enumerate(rows, 1):
         mark = "  <- recommended" if r == recommended else ""
+        hybrid = "-" if r.hybrid_concurrency is None else str(r.hybrid_concurrency)
         lines.append(f"{i:>4}  {r.train_gpus:>4}:{r.rollout_gpus:<4}  {r.policy:<20} {r.concurrency:>5} "
+                     f"{hybrid:>4} "
                      f"{r.wall_h:>7.3f} " + (f"{r.wall_h_spread:>7.3f} " if spread else "")
                      + f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f} "
                      f"{r.mean_sample_lag:>6.2f} {100 * r.stale_tail_share:>5.1f}%{mark}")
@@ -169,6 +201,7 @@ def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
 
 
 PLAN_LEGEND = ("conc.: async_training.concurrent_samples_per_replica (samples in flight per replica); "
+               "hyb.: async_training.hybrid_concurrent_samples_per_replica (- = as conc.); "
                "wall h: simulated training time;\nx bound: wall time / the ideal bound (every GPU busy "
                "all the time, 1.00 = unbeatable);\nactiv.: hybrid activations; mean mq: MessageQueue size "
                "after each sync cycle's last micro-step, averaged over cycles (mq_size.png);\nlag v.: "

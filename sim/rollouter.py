@@ -31,8 +31,10 @@ class SimRollouter:
         self.cfg = scenario.async_training
         self.workload = workload
         self.limits = limits
-        self.lifecycle = SampleLifecycle(limits=limits, now_s=0.0,
-                                         concurrent_samples_per_replica=self.cfg.concurrent_samples_per_replica)
+        self.lifecycle = SampleLifecycle(
+            limits=limits, now_s=0.0, concurrent_samples_per_replica=self.cfg.concurrent_samples_per_replica,
+            standalone_replicas=scenario.cluster.num_standalone,
+            hybrid_concurrent_samples_per_replica=self.cfg.hybrid_concurrent_samples_per_replica)
         self.lb = LoadBalancerState()
         self.replicas: dict[str, Replica] = {}
         self.mq: deque[Sample] = deque()

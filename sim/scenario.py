@@ -79,6 +79,7 @@ class FlowSettings:
     require_batches: int
     partial_rollout: bool
     concurrent_samples_per_replica: int
+    hybrid_concurrent_samples_per_replica: int | None
     use_dynamic_resource_scheduling: bool
     dynamic_schedule_policy: str
     dynamic_schedule_deactivate_ratio: float
@@ -270,7 +271,8 @@ def _policy_changes(policy: str) -> dict[str, Any]:
 
 
 _FLOW_FROM_ASYNC = ("trigger_parameter_sync_step", "staleness_threshold", "require_batches",
-                    "partial_rollout", "concurrent_samples_per_replica", "use_dynamic_resource_scheduling",
+                    "partial_rollout", "concurrent_samples_per_replica",
+                    "hybrid_concurrent_samples_per_replica", "use_dynamic_resource_scheduling",
                     "dynamic_schedule_deactivate_ratio", "dynamic_schedule_enable_rebalance",
                     "dynamic_schedule_fold_hybrid_sync", "dynamic_schedule_overlap_wake",
                     "dynamic_schedule_overlap_sleep")

@@ -38,6 +38,8 @@ MISTAKES = [  # (id, file text or a change to sim_small, what the line must say)
     ("small_event_cap", ("run", "event_stream_maxlen", 10),
      r"run\.event_stream_maxlen=10 is invalid: expected >= 1000"),
     ("zero_hung_grace", ("run", "hung_grace_s", 0.0), r"run\.hung_grace_s=0\.0 is invalid: expected > 0"),
+    ("zero_hybrid_concurrency", ("async_training", "hybrid_concurrent_samples_per_replica", 0),
+     r"async_training\.hybrid_concurrent_samples_per_replica=0 is invalid: expected >= 1"),
     ("unknown_key", ("trainer", "bogus", 1), r"unknown key trainer\.bogus; known under trainer: backend, "),
     ("bad_namespace", ("run", "namespace", "*"),
      r"run\.namespace='\*' is invalid: expected letters, digits, '_', '\.' or '-' only"),

@@ -48,6 +48,17 @@ def test_max_concurrent_is_capped_by_replicas_and_by_max_required() -> None:
     assert limits.max_concurrent(0, 16) == 0  # only_hybrid with every hybrid asleep
 
 
+def test_active_hybrids_count_their_own_samples_in_flight_when_the_config_gives_them() -> None:
+    limits = make_limits()
+    # 2 standalones x 16 + 2 active hybrids x 8 (the replicas past the standalones are hybrids)
+    assert limits.max_concurrent(4, 16, standalone_replicas=2, hybrid_concurrent_samples_per_replica=8) == 48
+    assert limits.max_concurrent(2, 16, standalone_replicas=2, hybrid_concurrent_samples_per_replica=8) == 32
+    assert limits.max_concurrent(4, 16, standalone_replicas=2) == 64  # not given: the seed's formula
+    assert limits.max_concurrent(2, 16, standalone_replicas=0, hybrid_concurrent_samples_per_replica=8) == 16
+    assert limits.max_concurrent(16, 16, standalone_replicas=2,
+                                 hybrid_concurrent_samples_per_replica=8) == 140  # capped at max_required
+
+
 def test_total_rollout_steps_is_the_smaller_of_config_and_dataset_epochs() -> None:
     assert total_rollout_steps(configured=100, dataset_size=30, total_epochs=2) == 60
     assert total_rollout_steps(configured=50, dataset_size=30, total_epochs=2) == 50
@@ -73,6 +84,8 @@ def test_bad_max_concurrent_inputs_are_value_errors() -> None:
         make_limits().max_concurrent(-1, 16)
     with pytest.raises(ValueError):
         make_limits().max_concurrent(1, 0)
+    with pytest.raises(ValueError, match="hybrid_concurrent_samples_per_replica"):
+        make_limits().max_concurrent(4, 16, standalone_replicas=2, hybrid_concurrent_samples_per_replica=0)
 
 
 def test_rollouter_pauses_when_staleness_reaches_max_required() -> None:

@@ -51,6 +51,23 @@ def test_the_services_and_the_simulator_build_the_same_core_objects() -> None:
     assert type(rollouter.lifecycle) is type(sim.rollouter.lifecycle) is SampleLifecycle
 
 
+def test_the_rollouter_live_and_in_the_planner_keeps_as_many_samples_in_flight_per_hybrid() -> None:
+    config = load_scenario(ROOT / "configs" / "sim_16_16_adaptive.yaml").config
+    at = config.async_training.model_copy(update={"hybrid_concurrent_samples_per_replica": 8})
+    config = config.model_copy(update={"async_training": at})
+    rollouter = Rollouter(bus=Bus(_FakeRedis(), Names("t")), config=config,  # type: ignore[arg-type]
+                          prompts=build_prompt_source(config))
+    sim = Simulation(Scenario.from_config(config))
+    capacities = []
+    for lifecycle in (rollouter.lifecycle, sim.rollouter.lifecycle):
+        now_s = lifecycle.history.points[-1][0]  # the live clock is Unix time, the planner's starts at 0
+        lifecycle.set_replicas(2, now_s=now_s)  # the standalones alone
+        alone = lifecycle.max_concurrent
+        lifecycle.set_replicas(4, now_s=now_s)  # and both hybrids
+        capacities.append((alone, lifecycle.max_concurrent))
+    assert capacities == [(32, 48), (32, 48)]  # 2 x 16, then + 2 x 8
+
+
 STATIC_CONTEXT_FIELDS = ("required_samples", "trigger_parameter_sync_step", "staleness_threshold",
                          "only_hybrid", "num_hybrid_replicas", "num_standalone_replicas",
                          "concurrent_samples_per_replica")

@@ -162,6 +162,23 @@ def test_a_plan_over_several_workload_draws_ranks_each_run_by_its_mean_and_shows
     assert "spread" in table.splitlines()[0] and "mean over 2 workload draws" in table
 
 
+def test_a_plan_tries_each_hybrid_concurrency_on_dynamic_runs_only_and_runs_it_as_the_config_option() -> None:
+    scenario = small("production").with_prompts(128)
+    rows = plan(scenario, policies=("static", "adaptive"), concurrency=(1.0,), hybrid_concurrency=(1.0, 0.5),
+                workers=1)
+    configured = scenario.config.async_training.concurrent_samples_per_replica
+    for train, rollout in {(r.train_gpus, r.rollout_gpus) for r in rows}:
+        at_split = [r for r in rows if (r.train_gpus, r.rollout_gpus) == (train, rollout)]
+        assert sorted((r.policy, r.hybrid_concurrency or 0) for r in at_split if r.policy == "adaptive") == [
+            ("adaptive", 0), ("adaptive", configured // 2)]
+        assert all(r.hybrid_concurrency is None for r in at_split if r.policy == "static")
+    half = next(r for r in rows if r.policy == "adaptive" and r.hybrid_concurrency and r.train_gpus == 16)
+    half_config = {"async_training.hybrid_concurrent_samples_per_replica": configured // 2}
+    direct = simulate(scenario.with_changes(half_config).with_split(16, 16, policy="adaptive"))
+    assert half.wall_h == pytest.approx(direct.wall_s / 3600.0)
+    assert " hyb." in format_table(rows, recommended=recommend(rows)).splitlines()[0]
+
+
 def test_plan_refuses_fewer_than_one_workload_draw(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(SCENARIOS / "small_production_bound.yaml")
     with pytest.raises(SystemExit):

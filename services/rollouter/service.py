@@ -61,7 +61,9 @@ class Rollouter:
         self.limits = FlowLimits.from_config(config)
         self.lifecycle = SampleLifecycle(
             limits=self.limits, now_s=time.time(),
-            concurrent_samples_per_replica=config.async_training.concurrent_samples_per_replica)
+            concurrent_samples_per_replica=config.async_training.concurrent_samples_per_replica,
+            standalone_replicas=len(config.standalone_ids),
+            hybrid_concurrent_samples_per_replica=config.async_training.hybrid_concurrent_samples_per_replica)
         self.progress: dict[str, SampleProgress] = {}
         """Trajectory progress of every generating sample (the lifecycle's active set)."""
         self.epoch = 0
