@@ -81,12 +81,16 @@ def _policies(policy_modules: tuple[str, ...]) -> list[str]:
     return ["static", *(n for n in names if n != "static_fully_async")]
 
 
+def _scaled(base: float, multiples: tuple[float, ...], what: str) -> list[int]:
+    """The distinct whole numbers `base` times each multiple (at least 1), ascending."""
+    if not multiples or any(m <= 0 for m in multiples):
+        raise ValueError(f"{what} multiples must be positive, got {multiples}")
+    return sorted({max(1, round(base * m)) for m in multiples})
+
+
 def concurrencies(scenario: Scenario, multiples: tuple[float, ...]) -> list[int]:
     """The distinct `concurrent_samples_per_replica` values: the config's times each multiple (at least 1)."""
-    if not multiples or any(m <= 0 for m in multiples):
-        raise ValueError(f"concurrency multiples must be positive, got {multiples}")
-    configured = scenario.config.async_training.concurrent_samples_per_replica
-    return sorted({max(1, round(configured * m)) for m in multiples})
+    return _scaled(scenario.config.async_training.concurrent_samples_per_replica, multiples, "concurrency")
 
 
 def hybrid_concurrencies(scenario: Scenario, concurrency: int,
@@ -94,12 +98,10 @@ def hybrid_concurrencies(scenario: Scenario, concurrency: int,
     """The distinct samples in flight per hybrid replica for a run at `concurrency`: the config's hybrid
     share of it (`hybrid_concurrent_samples_per_replica` / `concurrent_samples_per_replica`, 1 when not
     set) times each multiple, at least 1; None where that equals `concurrency` (hybrids as standalones)."""
-    if not multiples or any(m <= 0 for m in multiples):
-        raise ValueError(f"hybrid concurrency multiples must be positive, got {multiples}")
     at = scenario.config.async_training
     per_standalone = at.concurrent_samples_per_replica
     share = (at.hybrid_concurrent_samples_per_replica or per_standalone) / per_standalone
-    values = sorted({max(1, round(concurrency * share * m)) for m in multiples})
+    values = _scaled(concurrency * share, multiples, "hybrid concurrency")
     return [None if v == concurrency else v for v in values]
 
 
@@ -134,10 +136,9 @@ def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: i
     """Every (split, policy, concurrency) run, fastest first; `policies` (default: static and every
     registered one) narrows the sweep, `concurrency` gives the multiples of the config's samples in
     flight per replica, `hybrid_concurrency` those of each run's for the hybrids (dynamic runs). Splits
-    with no rollout GPUs only run dynamic policies. With `seeds` > 1 each
-    run is simulated on that many workload draws (the config's seed and the next ones, the same draws for
-    every run) and ranked by their mean: a version bound by its slowest sample makes one draw's gap
-    between two policies partly chance."""
+    with no rollout GPUs only run dynamic policies. With `seeds` > 1 each run is simulated on that many
+    workload draws (the config's seed and the next ones, the same draws for every run) and ranked by their
+    mean: a version bound by its slowest sample makes one draw's gap between two policies partly chance."""
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     jobs: list[Job] = []
@@ -162,7 +163,8 @@ def plan(scenario: Scenario, *, policy_modules: tuple[str, ...] = (), workers: i
 
 
 def _mean_row(draws: list[PlanRow]) -> PlanRow:
-    """One run's draws (same split, policy and concurrency) as their mean, with the wall time's spread."""
+    """One run's draws (same split, policy and both concurrencies) as their mean, with the wall time's
+    spread."""
     def mean(name: str) -> float:
         return fmean(getattr(d, name) for d in draws)
 
