@@ -8,7 +8,10 @@ the data and the prior cannot both hold), then simulates the dynamic run. Report
 fitted decode efficiency and training MFU, the predicted dynamic hours (the seed's `default` policy),
 its change from the shipped scenario, the ideal bound; and the verdict a user acts on (issue 11):
 plain fully-async at every split, `adaptive` with the fast switch mechanics (bench.policy_sweep's
-"fast") at every split with hybrids, and the best adaptive split against the best static split.
+"fast") at every split with hybrids, and the best adaptive split against the best static split; once
+at the config's own samples in flight per replica and once with them searched as `dynsched plan` does
+(1x and 2x, the dynamic runs also with half of a run's samples on each hybrid), since more samples in
+flight can beat switching (docs/scheduling.md, "First, the samples in flight").
 
 Run: ``python -m bench.seed_sensitivity [--workers 2] [--only LABEL] [--out runs/seed_sensitivity.json]``
 (each refit is ~10-20 full simulations: minutes per variant).
@@ -17,6 +20,7 @@ Run: ``python -m bench.seed_sensitivity [--workers 2] [--only LABEL] [--out runs
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,7 @@ from bench import write_result
 from bench.policy_sweep import MECHANICS
 from sim.calibrate import CalibrationError, calibrate, row_scenario
 from sim.physics import PhysicsError
-from sim.plan import plan
+from sim.plan import PlanRow, plan
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -80,14 +84,42 @@ def run_variant(variant: tuple[str, dict[str, Any], bool]) -> dict[str, Any]:
             "activations": res.activations, **gain_vs_best_static(scenario)}
 
 
+SEARCHED_CONCURRENCY = (1.0, 2.0)
+"""Multiples of the config's samples in flight per replica in the searched verdict (the planner's default)."""
+SEARCHED_HYBRID_CONCURRENCY = (1.0, 0.5)
+"""Multiples of a dynamic run's samples in flight given to each hybrid in the searched verdict."""
+
+
 def gain_vs_best_static(scenario: Scenario, *, policy: str = "adaptive") -> dict[str, Any]:
-    """The planner's sweep of plain fully-async and `policy` with the fast mechanics over every split:
-    the best of each, and the best dynamic split's time against the best static split's, at the config's
-    own concurrency (the priors' table; the concurrency is a knob, not a prior: docs/scheduling.md)."""
+    """The planner's sweep of plain fully-async and `policy` with the fast mechanics over every split,
+    twice judged: at the config's own samples in flight (the top level: split -> hours) and with them
+    searched (`searched`: every split at 1x and 2x the config's concurrency, the dynamic runs also at half
+    of it on the hybrids; run label -> hours). Each gives the best static run, the best `policy` run, and
+    the second's time against the first's. One plan serves both: the own-concurrency runs are among the
+    searched ones."""
     rows = plan(scenario.with_changes(MECHANICS["fast"]), policies=("static", policy), workers=1,
-                concurrency=(1.0,))
-    static_h = {f"{r.train_gpus}:{r.rollout_gpus}": r.wall_h for r in rows if r.policy == "static"}
-    dynamic_h = {f"{r.train_gpus}:{r.rollout_gpus}": r.wall_h for r in rows if r.policy == policy}
+                concurrency=SEARCHED_CONCURRENCY, hybrid_concurrency=SEARCHED_HYBRID_CONCURRENCY)
+    at = scenario.config.async_training
+    own = at.concurrent_samples_per_replica
+    own_hybrid = None if at.hybrid_concurrent_samples_per_replica in (None, own) else \
+        at.hybrid_concurrent_samples_per_replica
+    at_own = [r for r in rows if r.concurrency == own and r.hybrid_concurrency in (None, own_hybrid)]
+    return {**_verdict(at_own, policy, _split_label), "searched": _verdict(rows, policy, _run_label)}
+
+
+def _split_label(row: PlanRow) -> str:
+    return f"{row.train_gpus}:{row.rollout_gpus}"
+
+
+def _run_label(row: PlanRow) -> str:
+    """Split, samples in flight per replica, and per hybrid where they differ: `16:16 x32/16`."""
+    hybrid = "" if row.hybrid_concurrency is None else f"/{row.hybrid_concurrency}"
+    return f"{_split_label(row)} x{row.concurrency}{hybrid}"
+
+
+def _verdict(rows: list[PlanRow], policy: str, label: Callable[[PlanRow], str]) -> dict[str, Any]:
+    static_h = {label(r): r.wall_h for r in rows if r.policy == "static"}
+    dynamic_h = {label(r): r.wall_h for r in rows if r.policy == policy}
     best_static = min(static_h, key=static_h.__getitem__)
     best_dynamic = min(dynamic_h, key=dynamic_h.__getitem__)
     return {"static_h": static_h, f"{policy}_h": dynamic_h, "best_static": best_static,
@@ -96,18 +128,24 @@ def gain_vs_best_static(scenario: Scenario, *, policy: str = "adaptive") -> dict
 
 
 def format_gain_table(rows: list[dict[str, Any]]) -> str:
-    """The verdict per variant: best static split, best `adaptive` split (fast mechanics), the gain."""
-    lines = ["| variant | refit | best static | adaptive at 16:16 | best adaptive | vs best static |",
-             "|---|---|---|---|---|---|"]
+    """The verdict per variant at the config's concurrency, then with the concurrency searched."""
+    lines = ["| variant | refit | best static | adaptive at 16:16 | best adaptive | vs best static "
+             "| searched: best static | best adaptive | vs best static |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "refused" in r:
-            lines.append(f"| {r['variant']} | yes | refused | | | |")
+            lines.append(f"| {r['variant']} | yes | refused | | | | | | |")
             continue
         static, dynamic = r["static_h"], r["adaptive_h"]
         best_static, best_dynamic = r["best_static"], r["best_dynamic"]
+        searched = r["searched"]
+        s_static, s_dynamic = searched["best_static"], searched["best_dynamic"]
         lines.append(f"| {r['variant']} | {'yes' if r['refit'] else 'no'} | "
                      f"{best_static} {static[best_static]:.3f} h | {dynamic.get('16:16', 0.0):.3f} h | "
-                     f"{best_dynamic} {dynamic[best_dynamic]:.3f} h | {r['gain_vs_best_static']:+.1%} |")
+                     f"{best_dynamic} {dynamic[best_dynamic]:.3f} h | {r['gain_vs_best_static']:+.1%} | "
+                     f"{s_static} {searched['static_h'][s_static]:.3f} h | "
+                     f"{s_dynamic} {searched['adaptive_h'][s_dynamic]:.3f} h | "
+                     f"{searched['gain_vs_best_static']:+.1%} |")
     return "\n".join(lines)
 
 

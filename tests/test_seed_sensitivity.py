@@ -36,3 +36,23 @@ def test_the_adaptive_runs_use_the_fast_switch_mechanics() -> None:
 def test_a_refused_variant_is_a_row_that_says_so() -> None:
     table = format_gain_table([{"variant": "no MTP", "refit": True, "refused": "MFU above 60%"}])
     assert "| no MTP | yes | refused |" in table
+
+
+
+def test_the_searched_verdict_also_tries_doubled_concurrency_and_smaller_hybrid_shares() -> None:
+    base = load_scenario(CONFIG).with_prompts(192)  # 16 per replica, 8 per hybrid
+    verdict = gain_vs_best_static(base)
+    searched = verdict["searched"]
+    assert {"16:16 x16", "16:16 x32"} <= set(searched["static_h"])
+    assert {"16:16 x16/8", "16:16 x16/4", "16:16 x32/16", "16:16 x32/8"} <= set(searched["adaptive_h"])
+    assert searched["static_h"]["16:16 x16"] == verdict["static_h"]["16:16"]
+    assert searched["adaptive_h"]["16:16 x16/8"] == verdict["adaptive_h"]["16:16"]
+    ratio = searched["adaptive_h"][searched["best_dynamic"]] / searched["static_h"][searched["best_static"]]
+    assert searched["gain_vs_best_static"] == ratio - 1.0
+
+
+def test_the_searched_runs_include_the_own_concurrency_ones_so_their_best_is_no_slower() -> None:
+    verdict = gain_vs_best_static(load_scenario(CONFIG).with_prompts(192))
+    searched = verdict["searched"]
+    assert searched["static_h"][searched["best_static"]] <= verdict["static_h"][verdict["best_static"]]
+    assert searched["adaptive_h"][searched["best_dynamic"]] <= verdict["adaptive_h"][verdict["best_dynamic"]]
