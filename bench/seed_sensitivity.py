@@ -99,10 +99,8 @@ def gain_vs_best_static(scenario: Scenario, *, policy: str = "adaptive") -> dict
     searched ones."""
     rows = plan(scenario.with_changes(MECHANICS["fast"]), policies=("static", policy), workers=1,
                 concurrency=SEARCHED_CONCURRENCY, hybrid_concurrency=SEARCHED_HYBRID_CONCURRENCY)
-    at = scenario.config.async_training
-    own = at.concurrent_samples_per_replica
-    own_hybrid = None if at.hybrid_concurrent_samples_per_replica in (None, own) else \
-        at.hybrid_concurrent_samples_per_replica
+    at = scenario.config.async_training  # a run's hybrid count is None where it equals the standalones'
+    own, own_hybrid = at.concurrent_samples_per_replica, at.hybrid_concurrent_samples_per_replica
     at_own = [r for r in rows if r.concurrency == own and r.hybrid_concurrency in (None, own_hybrid)]
     return {**_verdict(at_own, policy, _split_label), "searched": _verdict(rows, policy, _run_label)}
 

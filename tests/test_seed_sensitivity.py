@@ -56,3 +56,11 @@ def test_the_searched_runs_include_the_own_concurrency_ones_so_their_best_is_no_
     searched = verdict["searched"]
     assert searched["static_h"][searched["best_static"]] <= verdict["static_h"][verdict["best_static"]]
     assert searched["adaptive_h"][searched["best_dynamic"]] <= verdict["adaptive_h"][verdict["best_dynamic"]]
+
+
+def test_without_a_hybrid_share_the_own_concurrency_runs_are_the_hybrids_as_standalones() -> None:
+    base = load_scenario(CONFIG).with_prompts(192).with_changes(
+        {"async_training.hybrid_concurrent_samples_per_replica": None})
+    verdict = gain_vs_best_static(base)
+    assert verdict["adaptive_h"]["16:16"] == verdict["searched"]["adaptive_h"]["16:16 x16"]
+    assert "16:16 x16/8" in verdict["searched"]["adaptive_h"]
