@@ -25,6 +25,8 @@ from sim.run import simulate
 from sim.scenario import Scenario
 
 DEFAULT_STEPS = 100
+TARGET_ERROR = 0.10
+"""Issue 10's target for rows the model was not fitted on: predicted within 10%."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +85,13 @@ def format_checks(checks: list[Check]) -> list[str]:
         lines.append(f"fitted rows: max |error| {max(fitted):.1%}")
     lines.append(f"unfitted rows: max |error| {max(unfitted):.1%}" if unfitted
                  else "unfitted rows: none listed")
+    for what, picked in (("wall-time", [c for c in checks if c.quantity.startswith("hours@")]),
+                         ("all", checks)):
+        held_out = [c for c in picked if not c.fitted]
+        if held_out:
+            within = sum(abs(c.error) <= TARGET_ERROR for c in held_out)
+            lines.append(f"unfitted rows, {what} checks: {within} of {len(held_out)} within "
+                         f"{TARGET_ERROR:.0%}")
     return lines
 
 

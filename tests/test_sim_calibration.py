@@ -24,6 +24,7 @@ from sim.observe import from_metrics_jsonl, from_result, from_row
 from sim.physics import PhysicsError
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
+from sim.validate import Check, format_checks
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 SEED = SCENARIOS / "seed_qwen35_35b_a3b_32xh20.yaml"
@@ -180,3 +181,13 @@ def test_a_closed_form_fit_is_refused_when_a_row_waits_for_generation() -> None:
     with pytest.raises(CalibrationError, match="needs every fit row consumption-bound.*16:16: waits"):
         calibrate(truth, names=["train_mfu", "train_non_scaling_s"], steps=STEPS, log=False,
                   closed_form_after=STEPS)
+
+
+def test_validate_counts_the_held_out_checks_within_the_ten_percent_target() -> None:
+    checks = [Check(row="fit", fitted=True, quantity="hours@100", published=1.0, predicted=1.5),
+              Check(row="a", fitted=False, quantity="hours@100", published=1.0, predicted=1.05),
+              Check(row="a", fitted=False, quantity="hours@200", published=2.0, predicted=2.5),
+              Check(row="a", fitted=False, quantity="step_s", published=100.0, predicted=95.0)]
+    lines = format_checks(checks)
+    assert "unfitted rows, wall-time checks: 1 of 2 within 10%" in lines
+    assert "unfitted rows, all checks: 2 of 3 within 10%" in lines
