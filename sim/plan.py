@@ -53,6 +53,8 @@ class PlanRow:
     bound_ratio: float
     activations: int
     mean_mq_size: float
+    trainer_idle_ratio: float = 0.0
+    """The trainer's share of its step time spent waiting for samples (`SimResult.trainer_idle_ratio`)."""
     mean_sample_lag: float = 0.0
     """Mean versions a trained sample lags the trainer (`SimResult.mean_sample_lag`)."""
     stale_tail_share: float = 0.0
@@ -120,7 +122,8 @@ def _run_one(job: Job) -> PlanRow:
     return PlanRow(train_gpus=train, rollout_gpus=rollout, policy=policy, concurrency=concurrency,
                    hybrid_concurrency=hybrid_concurrency, wall_h=res.wall_s / 3600.0,
                    bound_ratio=res.bound_ratio, activations=res.activations,
-                   mean_mq_size=res.mean_mq_size(), mean_sample_lag=res.mean_sample_lag(),
+                   mean_mq_size=res.mean_mq_size(), trainer_idle_ratio=res.trainer_idle_ratio(),
+                   mean_sample_lag=res.mean_sample_lag(),
                    stale_tail_share=res.stale_tail_share(versions=2))
 
 
@@ -172,6 +175,7 @@ def _mean_row(draws: list[PlanRow]) -> PlanRow:
     return dataclasses.replace(
         draws[0], wall_h=mean("wall_h"), bound_ratio=mean("bound_ratio"),
         activations=round(mean("activations")), mean_mq_size=mean("mean_mq_size"),
+        trainer_idle_ratio=mean("trainer_idle_ratio"),
         mean_sample_lag=mean("mean_sample_lag"), stale_tail_share=mean("stale_tail_share"),
         seeds=len(draws), wall_h_spread=max(walls) - min(walls))
 
@@ -188,7 +192,7 @@ def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
     spread = any(r.seeds > 1 for r in rows)
     lines = [f"{'rank':>4}  {'split T:R':>9}  {'policy':<20} {'conc.':>5} {'hyb.':>4} {'wall h':>7} "
              + (f"{'spread':>7} " if spread else "")
-             + f"{'x bound':>7} {'activ.':>6} {'mean mq':>7} {'lag v.':>6} {'lag>=2':>6}"]
+             + f"{'x bound':>7} {'activ.':>6} {'mean mq':>7} {'idle':>6} {'lag v.':>6} {'lag>=2':>6}"]
     for i, r in enumerate(rows, 1):
         mark = "  <- recommended" if r == recommended else ""
         hybrid = "-" if r.hybrid_concurrency is None else str(r.hybrid_concurrency)
@@ -196,6 +200,7 @@ def format_table(rows: list[PlanRow], *, recommended: PlanRow) -> str:
                      f"{hybrid:>4} "
                      f"{r.wall_h:>7.3f} " + (f"{r.wall_h_spread:>7.3f} " if spread else "")
                      + f"{r.bound_ratio:>7.2f} {r.activations:>6} {r.mean_mq_size:>7.1f} "
+                     f"{100 * r.trainer_idle_ratio:>5.1f}% "
                      f"{r.mean_sample_lag:>6.2f} {100 * r.stale_tail_share:>5.1f}%{mark}")
     legend = PLAN_LEGEND + (f"; wall h: the mean over {rows[0].seeds} workload draws, spread: their slowest "
                             "minus their fastest" if spread else "")
@@ -206,7 +211,10 @@ PLAN_LEGEND = ("conc.: async_training.concurrent_samples_per_replica (samples in
                "hyb.: async_training.hybrid_concurrent_samples_per_replica (- = as conc.); "
                "wall h: simulated training time;\nx bound: wall time / the ideal bound (every GPU busy "
                "all the time, 1.00 = unbeatable);\nactiv.: hybrid activations; mean mq: MessageQueue size "
-               "after each sync cycle's last micro-step, averaged over cycles (mq_size.png);\nlag v.: "
+               "after each sync cycle's last micro-step, averaged over cycles (mq_size.png);\n"
+               "idle: the trainer's share of its step time spent waiting for samples "
+               "(fully_async/trainer/idle_ratio over the run): a static run that idles little leaves "
+               "lending its GPUs little to recover;\nlag v.: "
                "versions a trained sample lags the trainer (its first tokens' weights), mean; lag>=2: share "
                "of trained samples 2+ versions behind.\nThe mean lag is set by staleness_threshold whenever "
                "the rollouter reaches its limit each version; the samples in flight move only the tail")

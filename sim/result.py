@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.metrics import trainer_idle_ratio
 from shared.vocab import LaneState
 
 
@@ -116,6 +117,11 @@ class SimResult:
         trained = sum(self.sample_lag_versions.values())
         behind = sum(n for lag, n in self.sample_lag_versions.items() if lag >= versions)
         return behind / trained if trained else 0.0
+
+    def trainer_idle_ratio(self) -> float:
+        """`fully_async/trainer/idle_ratio` over the whole run: Σtiming_s/gen / Σtiming_s/step."""
+        return trainer_idle_ratio([c.get("timing_s/gen", 0.0) for c in self.cycles],
+                                  [c.get("timing_s/step", 0.0) for c in self.cycles])
 
     def mean_mq_size(self) -> float:
         """Mean of `dynamic_resource/mq_size` over the sync cycles (queue size after each cycle's

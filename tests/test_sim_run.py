@@ -184,3 +184,17 @@ def test_plan_refuses_fewer_than_one_workload_draw(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         cli_main(["plan", "--scenario", path, "--seeds", "0"])
     assert "expected a whole number >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_a_plan_row_shows_the_trainer_idle_ratio_of_its_run_as_the_seed_metric_sums_it() -> None:
+    scenario = small("production").with_prompts(128)
+    rows = plan(scenario, policies=("static",), concurrency=(1.0,), workers=1)
+    row = next(r for r in rows if r.train_gpus == 16)
+    direct = simulate(scenario.with_split(16, 16, policy="static"))
+    gen = sum(c["timing_s/gen"] for c in direct.cycles)
+    step = sum(c["timing_s/step"] for c in direct.cycles)
+    assert 0 < row.trainer_idle_ratio == pytest.approx(gen / step)
+    table = format_table(rows, recommended=recommend(rows))
+    assert " idle " in table.splitlines()[0]
+    line = next(line for line in table.splitlines() if " 16:16" in line)
+    assert f"{100 * row.trainer_idle_ratio:.1f}%" in line
