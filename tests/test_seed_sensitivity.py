@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from bench.policy_sweep import MECHANICS
 from bench.seed_sensitivity import format_gain_table, gain_vs_best_static
@@ -13,9 +16,15 @@ from sim.scenario import load_scenario
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim_16_16_adaptive.yaml"
 
 
-def test_the_gain_is_the_best_adaptive_split_against_the_best_static_split() -> None:
+@pytest.fixture(scope="module")
+def verdict() -> dict[str, Any]:
+    """The bench's verdict on a short run of the adaptive config (16 per replica, 8 per hybrid): one plan,
+    shared by the tests that read it."""
+    return gain_vs_best_static(load_scenario(CONFIG).with_prompts(192))
+
+
+def test_the_gain_is_the_best_adaptive_split_against_the_best_static_split(verdict: dict[str, Any]) -> None:
     base = load_scenario(CONFIG).with_prompts(192)
-    verdict = gain_vs_best_static(base)
     every_split = {f"{t}:{r}" for t, r in splits(base)}
     assert set(verdict["adaptive_h"]) == every_split
     with_rollout_gpus = {f"{t}:{r}" for t, r in splits(base) if r > 0}  # no static run without them
@@ -26,9 +35,8 @@ def test_the_gain_is_the_best_adaptive_split_against_the_best_static_split() -> 
     assert verdict["gain_vs_best_static"] == ratio - 1.0
 
 
-def test_the_adaptive_runs_use_the_fast_switch_mechanics() -> None:
+def test_the_adaptive_runs_use_the_fast_switch_mechanics(verdict: dict[str, Any]) -> None:
     base = load_scenario(CONFIG).with_prompts(192)
-    verdict = gain_vs_best_static(base)
     fast = base.with_split(16, 16, policy="adaptive").with_changes(MECHANICS["fast"])
     assert verdict["adaptive_h"]["16:16"] == simulate(fast).wall_s / 3600.0
 
@@ -38,10 +46,8 @@ def test_a_refused_variant_is_a_row_that_says_so() -> None:
     assert "| no MTP | yes | refused |" in table
 
 
-
-def test_the_searched_verdict_also_tries_doubled_concurrency_and_smaller_hybrid_shares() -> None:
-    base = load_scenario(CONFIG).with_prompts(192)  # 16 per replica, 8 per hybrid
-    verdict = gain_vs_best_static(base)
+def test_the_searched_verdict_also_tries_doubled_concurrency_and_smaller_hybrid_shares(
+        verdict: dict[str, Any]) -> None:
     searched = verdict["searched"]
     assert {"16:16 x16", "16:16 x32"} <= set(searched["static_h"])
     assert {"16:16 x16/8", "16:16 x16/4", "16:16 x32/16", "16:16 x32/8"} <= set(searched["adaptive_h"])
@@ -51,8 +57,8 @@ def test_the_searched_verdict_also_tries_doubled_concurrency_and_smaller_hybrid_
     assert searched["gain_vs_best_static"] == ratio - 1.0
 
 
-def test_the_searched_runs_include_the_own_concurrency_ones_so_their_best_is_no_slower() -> None:
-    verdict = gain_vs_best_static(load_scenario(CONFIG).with_prompts(192))
+def test_the_searched_runs_include_the_own_concurrency_ones_so_their_best_is_no_slower(
+        verdict: dict[str, Any]) -> None:
     searched = verdict["searched"]
     assert searched["static_h"][searched["best_static"]] <= verdict["static_h"][verdict["best_static"]]
     assert searched["adaptive_h"][searched["best_dynamic"]] <= verdict["adaptive_h"][verdict["best_dynamic"]]
