@@ -8,11 +8,17 @@ the hybrid sync folded into the standalones' sync and the trainer's offload over
 wake (`fast`). It prints, per scenario and (policy, mechanics):
 
 - `best h`: its fastest split, and that time against the best static split at the same GPU count;
-- `worst vs static same split`: the largest slowdown against `static` on the same split, over every
-  split (the robustness check: a recommended policy should never be more than 1% slower).
+- `worst vs static same split`: the largest slowdown against `static` on the same split (and the
+  same samples in flight), over every split (the robustness check: a recommended policy should never
+  be more than 1% slower).
 
-Run: ``python -m bench.policy_sweep [--config FILE ...] [--policy P ...] [--prompts N] [--workers K]
-[--out FILE]``.
+`--concurrency 1,2` also searches the samples in flight per replica as `dynsched plan` does (multiples
+of the config's `concurrent_samples_per_replica`), for static and the policies alike, so `best` and
+`static h` are each the fastest over splits and samples in flight (a static baseline whose batches
+are not full would flatter every dynamic policy). Default: the config's own value only.
+
+Run: ``python -m bench.policy_sweep [--config FILE ...] [--policy P ...] [--prompts N]
+[--concurrency 1,2] [--workers K] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from typing import Any
 
 from bench import write_result
 from policies import registered_policies
-from sim.plan import splits
+from sim.cli import parse_multiples
+from sim.plan import concurrencies, splits
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -46,66 +53,87 @@ class SweepRow:
     rollout_gpus: int
     policy: str
     mechanics: str
+    concurrency: int
+    """Samples in flight per replica (`async_training.concurrent_samples_per_replica`)."""
     wall_h: float
     activations: int
 
 
-def _run(job: tuple[str, int, int, str, str, int]) -> SweepRow:
-    path, train, rollout, policy, mechanics, prompts = job
+Job = tuple[str, int, int, str, str, int, int]
+"""(config path, train GPUs, rollout GPUs, policy, mechanics, prompts (0: the config's), concurrency)."""
+
+
+def _run(job: Job) -> SweepRow:
+    path, train, rollout, policy, mechanics, prompts, concurrency = job
     scenario = load_scenario(path)
     if prompts:
         scenario = scenario.with_prompts(prompts)
+    scenario = scenario.with_changes({"async_training.concurrent_samples_per_replica": concurrency})
     scenario = scenario.with_split(train, rollout, policy=policy)
     if MECHANICS[mechanics]:
         scenario = scenario.with_changes(MECHANICS[mechanics])
     result = simulate(scenario)
     return SweepRow(scenario=Path(path).stem, train_gpus=train, rollout_gpus=rollout, policy=policy,
-                    mechanics=mechanics, wall_h=result.wall_s / 3600.0, activations=result.activations)
+                    mechanics=mechanics, concurrency=concurrency, wall_h=result.wall_s / 3600.0,
+                    activations=result.activations)
 
 
-def jobs_for(path: str, scenario: Scenario, *, prompts: int,
-             policies: list[str] | None = None) -> list[tuple[str, int, int, str, str, int]]:
+def jobs_for(path: str, scenario: Scenario, *, prompts: int, policies: list[str] | None = None,
+             concurrency: tuple[float, ...] = (1.0,)) -> list[Job]:
     jobs = []
-    for train, rollout in splits(scenario):
-        if rollout > 0:
-            jobs.append((path, train, rollout, "static", "seed", prompts))
-        for policy in policies or registered_policies():
-            for mechanics in MECHANICS:
-                jobs.append((path, train, rollout, policy, mechanics, prompts))
+    for c in concurrencies(scenario, concurrency):
+        for train, rollout in splits(scenario):
+            if rollout > 0:
+                jobs.append((path, train, rollout, "static", "seed", prompts, c))
+            for policy in policies or registered_policies():
+                for mechanics in MECHANICS:
+                    jobs.append((path, train, rollout, policy, mechanics, prompts, c))
     return jobs
 
 
 def summarize(rows: list[SweepRow]) -> list[dict[str, Any]]:
-    """Per (scenario, policy, mechanics): best split vs best static, worst slowdown vs static same split."""
+    """Per (scenario, policy, mechanics): its best run (split and samples in flight) vs the best static run,
+    and its worst slowdown vs static on the same split at the same samples in flight."""
     out = []
     for scenario in sorted({r.scenario for r in rows}):
         mine = [r for r in rows if r.scenario == scenario]
-        static = {(r.train_gpus, r.rollout_gpus): r.wall_h for r in mine if r.policy == "static"}
-        best_static = min(static.values()) if static else float("nan")
+        static = {_where(r): r.wall_h for r in mine if r.policy == "static"}
+        best_static = min((r for r in mine if r.policy == "static"), key=lambda r: r.wall_h, default=None)
+        best_static_h = best_static.wall_h if best_static else float("nan")
         for policy, mechanics in sorted({(r.policy, r.mechanics) for r in mine if r.policy != "static"}):
             runs = [r for r in mine if (r.policy, r.mechanics) == (policy, mechanics)]
             best = min(runs, key=lambda r: r.wall_h)
-            same = [r.wall_h / static[(r.train_gpus, r.rollout_gpus)] - 1.0 for r in runs
-                    if (r.train_gpus, r.rollout_gpus) in static]
+            same = [r.wall_h / static[_where(r)] - 1.0 for r in runs if _where(r) in static]
             out.append({"scenario": scenario, "policy": policy, "mechanics": mechanics,
-                        "best_split": f"{best.train_gpus}:{best.rollout_gpus}", "best_h": best.wall_h,
-                        "best_static_h": best_static, "vs_best_static": best.wall_h / best_static - 1.0,
+                        "best_split": _label(best), "best_h": best.wall_h,
+                        "best_static": _label(best_static) if best_static else "",
+                        "best_static_h": best_static_h, "vs_best_static": best.wall_h / best_static_h - 1.0,
                         "worst_vs_static_same_split": max(same) if same else float("nan")})
     return out
 
 
+def _where(row: SweepRow) -> tuple[int, int, int]:
+    return row.train_gpus, row.rollout_gpus, row.concurrency
+
+
+def _label(row: SweepRow) -> str:
+    """The run's split and samples in flight per replica, e.g. `16:16 x32`."""
+    return f"{row.train_gpus}:{row.rollout_gpus} x{row.concurrency}"
+
+
 def print_tables(rows: list[SweepRow], summary: list[dict[str, Any]]) -> None:
-    print(f"{'scenario':<34} {'split':>6} {'policy':<19} {'mech':<5} {'wall h':>7} {'activ.':>6}")
-    for r in sorted(rows, key=lambda r: (r.scenario, r.train_gpus, r.policy, r.mechanics)):
-        print(f"{r.scenario:<34} {r.train_gpus:>2}:{r.rollout_gpus:<3} {r.policy:<19} {r.mechanics:<5} "
-              f"{r.wall_h:>7.3f} {r.activations:>6}")
+    print(f"{'scenario':<34} {'split':>6} {'conc.':>5} {'policy':<19} {'mech':<5} {'wall h':>7} "
+          f"{'activ.':>6}")
+    for r in sorted(rows, key=lambda r: (r.scenario, r.train_gpus, r.concurrency, r.policy, r.mechanics)):
+        print(f"{r.scenario:<34} {r.train_gpus:>2}:{r.rollout_gpus:<3} {r.concurrency:>5} {r.policy:<19} "
+              f"{r.mechanics:<5} {r.wall_h:>7.3f} {r.activations:>6}")
     print()
-    print(f"{'scenario':<34} {'policy':<19} {'mech':<5} {'best':>6} {'best h':>7} {'static h':>8} "
-          f"{'vs best static':>14} {'worst vs static same split':>26}")
+    print(f"{'scenario':<34} {'policy':<19} {'mech':<5} {'best':>10} {'best h':>7} {'static':>10} "
+          f"{'static h':>8} {'vs best static':>14} {'worst vs static same split':>26}")
     for s in summary:
-        print(f"{s['scenario']:<34} {s['policy']:<19} {s['mechanics']:<5} {s['best_split']:>6} "
-              f"{s['best_h']:>7.3f} {s['best_static_h']:>8.3f} {s['vs_best_static']:>+13.1%} "
-              f"{s['worst_vs_static_same_split']:>+25.1%}")
+        print(f"{s['scenario']:<34} {s['policy']:<19} {s['mechanics']:<5} {s['best_split']:>10} "
+              f"{s['best_h']:>7.3f} {s['best_static']:>10} {s['best_static_h']:>8.3f} "
+              f"{s['vs_best_static']:>+13.1%} {s['worst_vs_static_same_split']:>+25.1%}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,12 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=0, help="override total_rollout_steps (quick looks)")
     parser.add_argument("--policy", action="append", default=None,
                         help="policy to sweep (repeatable); default: every registered one")
+    parser.add_argument("--concurrency", type=parse_multiples, default=(1.0,),
+                        help="multiples of concurrent_samples_per_replica to try, comma-separated "
+                             "(default 1: the config's own)")
     parser.add_argument("--workers", type=int, default=None, help="parallel simulations (default: CPUs)")
     parser.add_argument("--out", type=Path, default=None, help="write rows and summary as JSON here")
     args = parser.parse_args(argv)
     paths = args.config or sorted(str(p) for p in (PROJECT_ROOT / "scenarios").glob("*.yaml"))
     jobs = [job for path in paths for job in jobs_for(path, load_scenario(path), prompts=args.prompts,
-                                                 policies=args.policy)]
+                                                 policies=args.policy, concurrency=args.concurrency)]
     workers = args.workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         rows = [_run(job) for job in jobs]
