@@ -85,10 +85,15 @@ def jobs_for(path: str, scenario: Scenario, *, prompts: int, policies: list[str]
         for train, rollout in splits(scenario):
             if rollout > 0:
                 jobs.append((path, train, rollout, "static", "seed", prompts, c))
-            for policy in policies or registered_policies():
+            for policy in policies or _dynamic_policies():
                 for mechanics in MECHANICS:
                     jobs.append((path, train, rollout, policy, mechanics, prompts, c))
     return jobs
+
+
+def _dynamic_policies() -> list[str]:
+    """Every registered policy but `static_fully_async`, whose runs are the `static` rows already."""
+    return [name for name in registered_policies() if name != "static_fully_async"]
 
 
 def summarize(rows: list[SweepRow]) -> list[dict[str, Any]]:

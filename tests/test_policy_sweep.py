@@ -46,6 +46,12 @@ def test_every_split_policy_and_mechanics_runs_at_every_concurrency_tried() -> N
     assert {(job[3], job[4]) for job in at_own} == runs
 
 
+def test_static_fully_async_is_not_swept_twice_as_a_policy() -> None:
+    jobs = jobs_for(str(CONFIG), load_scenario(CONFIG), prompts=64)
+    assert "static_fully_async" not in {job[3] for job in jobs}
+    assert {"static", "adaptive", "default", "fixed_ratio"} <= {job[3] for job in jobs}
+
+
 def test_a_short_sweep_writes_its_rows_and_summary(tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
     assert main(["--config", str(CONFIG), "--prompts", "96", "--policy", "adaptive", "--concurrency", "1,2",
