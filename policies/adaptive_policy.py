@@ -14,8 +14,11 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   then pays the switch (activation + deactivation + the trainer's offload/onload, measured) while
   the standalones keep producing, then trains the cycle at P_s. `dynamic_idle(X)` = its waits plus
   the switch.
-- X is capped at the carry-over limit (max_required - step_required): past it the wait is for
-  samples started *in* this version, a latency the extra replicas barely shorten.
+- X ranges over [required, step_required]: the hybrids may serve until the whole cycle is queued.
+  (Until session 24 X was capped at the carry-over limit, max_required - step_required, since past it
+  the wait is for samples started in this version, a latency lent replicas barely shorten; but where
+  production, not latency, is what the trainer waits for, the cap kept windows too short, and where
+  latency binds, the measured corrections below catch the fluid model's optimism.)
 - Rates: P_s and P_h come from the per-replica rate pooled over whole sync cycles (it credits a
   hybrid's work finished on a standalone after the deactivation; the seconds the rollouter sat idle at
   its staleness limit are left out, core/measure.py); the queue fills during the
@@ -354,9 +357,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return ctx.hybrid_window_samples_per_s
 
     def _best_wait(self, ctx: DynamicScheduleContext) -> tuple[int, float]:
-        """(X, dynamic_idle(X)) minimising the predicted idle over X in [required, carry-over limit]."""
+        """(X, dynamic_idle(X)) minimising the predicted idle over X in [required, step_required]."""
         best = (ctx.required_samples, float("inf"))
-        for wait in range(ctx.required_samples, max(ctx.required_samples, ctx.carry_over_limit_samples) + 1):
+        for wait in range(ctx.required_samples, max(ctx.required_samples, ctx.step_required_samples) + 1):
             idle = self._dynamic_idle(ctx, wait=wait)
             if idle < best[1] - 1e-9:
                 best = (wait, idle)

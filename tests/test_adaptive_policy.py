@@ -129,15 +129,26 @@ def test_with_nothing_measured_a_queue_that_feeds_a_micro_step_keeps_the_hybrids
     assert make_adaptive().should_activate_after_step(4, False, make_ctx(surplus=20)) is False
 
 
-def test_a_production_bound_cycle_activates_and_waits_for_at_most_the_carry_over_limit():
+def test_a_production_bound_cycle_activates_and_waits_for_at_most_a_cycle_of_samples():
     policy = make_adaptive()
     ctx = production_bound()
     assert policy.should_activate_after_step(8, False, ctx) is True
     decision = policy.last_decision
     assert decision["static_idle_s"] - decision["dynamic_idle_s"] > decision["min_gain_s"] > 0
     wait = policy.deactivate_wait_samples(ctx)
-    assert ctx.required_samples <= wait <= ctx.carry_over_limit_samples
+    assert ctx.required_samples <= wait <= ctx.step_required_samples
     assert wait == decision["wait_for_samples"]
+
+
+def test_fast_hybrid_windows_may_keep_the_hybrids_past_the_carry_over_limit():
+    # staleness 0: nothing carries over, yet hybrids that fill the queue 3x faster than the standalones
+    # alone shorten the cycle's later waits too, so the model plans a window past one micro-step
+    policy = make_adaptive()
+    ctx = production_bound(staleness_threshold=0.0, hybrid_window_samples_per_s=3.0)
+    assert ctx.carry_over_limit_samples == 0
+    assert policy.should_activate_after_step(8, False, ctx) is True
+    wait = policy.deactivate_wait_samples(ctx)
+    assert ctx.required_samples < wait <= ctx.step_required_samples
 
 
 def test_a_consumption_bound_cycle_never_activates():
