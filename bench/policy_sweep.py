@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import write_result
-from policies import registered_policies
 from sim.cli import parse_multiples
-from sim.plan import concurrencies, splits
+from sim.plan import concurrencies, dynamic_policies, splits
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -85,15 +84,10 @@ def jobs_for(path: str, scenario: Scenario, *, prompts: int, policies: list[str]
         for train, rollout in splits(scenario):
             if rollout > 0:
                 jobs.append((path, train, rollout, "static", "seed", prompts, c))
-            for policy in policies or _dynamic_policies():
+            for policy in policies or dynamic_policies():
                 for mechanics in MECHANICS:
                     jobs.append((path, train, rollout, policy, mechanics, prompts, c))
     return jobs
-
-
-def _dynamic_policies() -> list[str]:
-    """Every registered policy but `static_fully_async`, whose runs are the `static` rows already."""
-    return [name for name in registered_policies() if name != "static_fully_async"]
 
 
 def summarize(rows: list[SweepRow]) -> list[dict[str, Any]]:

@@ -79,8 +79,12 @@ def splits(scenario: Scenario) -> list[tuple[int, int]]:
 def _policies(policy_modules: tuple[str, ...]) -> list[str]:
     for module in policy_modules:
         load_policy_module(module)
-    names = sorted(registered_policies())
-    return ["static", *(n for n in names if n != "static_fully_async")]
+    return ["static", *dynamic_policies()]
+
+
+def dynamic_policies() -> list[str]:
+    """Every registered policy but `static_fully_async`, sorted: its runs are the planner's `static` ones."""
+    return [name for name in sorted(registered_policies()) if name != "static_fully_async"]
 
 
 def _scaled(base: float, multiples: tuple[float, ...], what: str) -> list[int]:
