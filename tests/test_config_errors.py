@@ -15,8 +15,7 @@ from shared.config import config_json_schema, config_to_dict, load_config
 from sim.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "scenarios").glob("*.yaml"),
-                  *(ROOT / "scenarios").glob("probes/*.yaml")])
+SHIPPED = sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "scenarios").rglob("*.yaml")])
 SMALL = ROOT / "configs" / "sim_small.yaml"
 
 

@@ -114,8 +114,7 @@ def test_the_physics_report_compares_the_decode_step_with_the_cited_measurement(
     assert "KV cache per replica" in text and "MFU" in text and "REFUSED" not in text
 
 
-@pytest.mark.parametrize("path", sorted([*SCENARIOS.glob("*.yaml"), *SCENARIOS.glob("probes/*.yaml")]),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(SCENARIOS.rglob("*.yaml")), ids=lambda p: p.stem)
 def test_no_shipped_scenario_implies_an_impossible_machine_or_more_than_sixty_percent_mfu(path: Path) -> None:
     config = load_scenario(path).config
     if config.simulator.physics is not None:
