@@ -60,8 +60,7 @@ class Engine:
 
     def after(self, delay_s: float, callback: Callback, *args: Any) -> None:
         assert delay_s >= 0.0, f"negative delay {delay_s}"
-        self._seq += 1
-        heapq.heappush(self._heap, (self.now_s + delay_s, self._seq, callback, args))
+        self.at(self.now_s + delay_s, callback, *args)
 
     def signal(self, name: str) -> Signal:
         return Signal(self, name)

@@ -153,8 +153,6 @@ class Replica:
         self._seq = 0
         self._slots = 0
         self._decoding = 0
-        self._base_step_s = cfg.base_step_s(0)
-        """``cfg.base_step_s(self._decoding)``, kept current by ``_set_decoding`` (the hottest call)."""
         self._v = 0.0
         self._k = 0.0
         self._prefilling_ctx = 0.0
@@ -214,16 +212,11 @@ class Replica:
         self._decoding_order[req.request_id] = req
         self._seq += 1
         heapq.heappush(self._heap, (self._v + req.target_tokens - req.generated, self._seq, req.attempt, req))
-        self._set_decoding(self._decoding + 1)
+        self._decoding += 1
         self._reschedule()
 
-    def _set_decoding(self, running: int) -> None:
-        self._decoding = running
-        self._base_step_s = self.cfg.base_step_s(running)
-
     def _step_s(self) -> float:
-        """``cfg.step_time_s`` at the current batch and context, its batch term cached."""
-        return (self._base_step_s + self.cfg.context_token_s * self._context_tokens()) / self.speed
+        return self.cfg.step_time_s(self._decoding, self.speed, self._context_tokens())
 
     def _advance(self) -> None:
         now = self.engine.now_s
@@ -283,7 +276,7 @@ class Replica:
         return used >= self.cfg.kv_capacity_tokens * (1.0 - 1e-9) - 1e-3
 
     def _leave_decode(self, req: Request) -> None:
-        self._set_decoding(self._decoding - 1)
+        self._decoding -= 1
         self._slots -= 1
         self._k -= req.join_ctx - req.join_v
         del self._decoding_order[req.request_id]
@@ -326,7 +319,7 @@ class Replica:
         self._heap.clear()
         self._decoding_order.clear()
         self._slots = 0
-        self._set_decoding(0)
+        self._decoding = 0
         self._k = 0.0
         self._prefilling_ctx = 0.0
         self._prefill_free_s = self.engine.now_s

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.rollout_worker.sim_engine import SimEngine
+from services.rollout_worker.sim_engine import SimEngine, WallClock
 from shared.config import config_from_dict
 from shared.schema import FinishReason
 from sim.engine import Engine
@@ -121,3 +121,19 @@ async def test_a_paused_engine_rejects_new_requests_until_resumed() -> None:
     await engine.abort_all()
     out = await engine.generate(request_id="sample_0_0/0", prompt_token_ids=[1] * PROMPT, max_tokens=5)
     assert (out.finish_reason, out.token_ids) == (FinishReason.ABORT, [])
+
+
+async def test_the_wall_clock_fires_callbacks_scheduled_with_after_as_well_as_with_at() -> None:
+    clock = WallClock(time_scale=0.001)
+    fired: list[str] = []
+    done = asyncio.Event()
+
+    def note(name: str) -> None:
+        fired.append(name)
+        if len(fired) == 2:
+            done.set()
+
+    clock.after(5.0, note, "after")
+    clock.at(1.0, note, "at")
+    await asyncio.wait_for(done.wait(), timeout=5.0)
+    assert fired == ["at", "after"]
