@@ -359,7 +359,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def _best_wait(self, ctx: DynamicScheduleContext) -> tuple[int, float]:
         """(X, dynamic_idle(X)) minimising the predicted idle over X in [required, step_required]."""
         best = (ctx.required_samples, float("inf"))
-        for wait in range(ctx.required_samples, max(ctx.required_samples, ctx.step_required_samples) + 1):
+        for wait in range(ctx.required_samples, ctx.step_required_samples + 1):
             idle = self._dynamic_idle(ctx, wait=wait)
             if idle < best[1] - 1e-9:
                 best = (wait, idle)
