@@ -43,6 +43,8 @@ class ScheduleSettings(Protocol):
     def staleness_threshold(self) -> float: ...
     @property
     def concurrent_samples_per_replica(self) -> int: ...
+    @property
+    def hybrid_concurrent_samples_per_replica(self) -> int | None: ...
 
 
 def policy_name(settings: ScheduleSettings) -> str:
@@ -50,16 +52,21 @@ def policy_name(settings: ScheduleSettings) -> str:
     return settings.dynamic_schedule_policy if settings.use_dynamic_resource_scheduling else STATIC_POLICY
 
 
-def build_controller_core(settings: ScheduleSettings, *, required_samples: int,
-                          hybrid_ids: tuple[str, ...], standalone_ids: tuple[str, ...]) -> ControllerCore:
-    """The policy (by name: a user policy's module must be loaded first), its context and the core."""
+def build_controller_core(settings: ScheduleSettings, *, required_samples: int, responses_per_sample: int,
+                          max_running_requests_per_replica: int, hybrid_ids: tuple[str, ...],
+                          standalone_ids: tuple[str, ...]) -> ControllerCore:
+    """The policy (by name: a user policy's module must be loaded first), its context and the core
+    (`responses_per_sample`: data.n; `max_running_requests_per_replica`: rollout.max_num_seqs)."""
     only_hybrid = not standalone_ids
     policy = build_policy(policy_name(settings), deactivate_ratio=settings.dynamic_schedule_deactivate_ratio,
                           only_hybrid=only_hybrid)
     ctx = DynamicScheduleContext(
         required_samples=required_samples, trigger_parameter_sync_step=settings.trigger_parameter_sync_step,
         only_hybrid=only_hybrid, staleness_threshold=settings.staleness_threshold,
-        concurrent_samples_per_replica=settings.concurrent_samples_per_replica)
+        concurrent_samples_per_replica=settings.concurrent_samples_per_replica,
+        hybrid_concurrent_samples_per_replica=settings.hybrid_concurrent_samples_per_replica or 0,
+        responses_per_sample=responses_per_sample,
+        max_running_requests_per_replica=max_running_requests_per_replica)
     return ControllerCore(policy=policy, ctx=ctx, hybrid_ids=hybrid_ids, standalone_ids=standalone_ids,
                           enable_rebalance=settings.dynamic_schedule_enable_rebalance,
                           fold_hybrid_sync=settings.dynamic_schedule_fold_hybrid_sync)

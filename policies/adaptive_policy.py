@@ -21,8 +21,11 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   latency binds, the measured corrections below catch the fluid model's optimism.)
 - Rates: P_s and P_h come from the per-replica rate pooled over whole sync cycles (it credits a
   hybrid's work finished on a standalone after the deactivation; the seconds the rollouter sat idle at
-  its staleness limit are left out, core/measure.py); the queue fills during the
-  window at the rate measured in the hybrid windows (slower: a window is short against a sample's
+  its staleness limit are left out, core/measure.py), P_h only for the hybrids' running slots that would
+  run requests of their own (`ctx.hybrid_running_share`: a replica set produces as it runs requests; where
+  the standalones hold the rollouter's cap, max_required, with engine slots to spare, lending the GPUs only
+  spreads the same requests and it never activates); the queue fills during the window at the rate
+  measured in the hybrid windows (slower: a window is short against a sample's
   latency), and what the pooled rate produced beyond it is credited after the switch. The static
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
   the queue filling right after the sync with the standalones alone, the hybrid window's counterpart
@@ -49,8 +52,7 @@ is measured too. It never activates when the queue already holds the planned X (
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
 activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
-samples anyway) and the hybrids add samples in flight (the standalones alone hold fewer than max_required;
-this blind switch is also the first measurement of a switch) and deactivates at `required` samples;
+samples anyway; this blind switch is also the first measurement of a switch) and deactivates at `required`;
 an unmeasured switch part counts as one micro-step of training; it stays asleep once the feed is done.
 The rebalance is measured too: each choice is tried, the one whose windows filled the queue faster is
 kept (`request_rebalance`).
@@ -193,24 +195,20 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if self.only_hybrid:
             self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
             return True
-        if ctx.feed_done:
+        if ctx.feed_done or ctx.hybrid_running_share <= 0:
             self.planned_wait_samples = 0
-            self.last_decision = {"decision": "stay", "queued": surplus,
-                                  "why": "feed done: no new sample will start, lent GPUs would only idle"}
+            why = ("feed done: no new sample will start, lent GPUs would only idle" if ctx.feed_done else
+                   "the hybrids would run no requests of their own: the standalones hold max_required "
+                   "(the rollouter's cap) with engine slots to spare, lent GPUs would only spread them")
+            self.last_decision = {"decision": "stay", "queued": surplus, "why": why}
             return False
         standalone_rate, hybrid_rate = self._rates(ctx)
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
-            # lending the GPUs starts more samples only while the standalones alone hold fewer than
-            # max_required (the rollouter's cap); past it the blind switch would only spread the same ones
-            # (an unknown concurrency reads 0 in flight, so the switch is kept)
-            adds_samples = ctx.standalone_samples_in_flight < ctx.max_required_samples
-            activate = surplus < ctx.required_samples and adds_samples
+            activate = surplus < ctx.required_samples
             self.planned_wait_samples = ctx.required_samples if activate else 0
             self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,
                                   "why": "nothing measured yet: activate iff the queue cannot feed a "
-                                         "micro-step and the hybrids add samples in flight (the "
-                                         "standalones alone hold fewer than max_required)",
-                                  "wait_for_samples": self.planned_wait_samples}
+                                         "micro-step", "wait_for_samples": self.planned_wait_samples}
             return activate
         level = _queue_level(ctx)
         first_rate = pooled_rate(self.static_first_fill, min_samples=ctx.required_samples)
@@ -346,9 +344,10 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def _rates(self, ctx: DynamicScheduleContext) -> tuple[float, float]:
         """(P_s, P_h) in samples/s from the per-replica rate pooled over whole cycles (hybrid work left
         unfinished at a deactivation completes on a standalone, so a window's rate under-counts it);
-        before a cycle closed, the standalones' window rate."""
+        before a cycle closed, the standalones' window rate; P_h for the slots running requests of its own."""
         per_replica = ctx.samples_per_replica_s or ctx.standalone_samples_per_replica_s
-        return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_hybrid_replicas
+        share = ctx.hybrid_running_share  # a replica set produces as it runs requests
+        return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_hybrid_replicas * share
 
     @staticmethod
     def _fill_rate(ctx: DynamicScheduleContext) -> float:

@@ -84,6 +84,13 @@ class DynamicScheduleContext:
     concurrent_samples_per_replica: int = 0
     """async_training.concurrent_samples_per_replica (static; 0 = not given): samples the rollouter keeps
     in flight per serving replica, up to max_required."""
+    hybrid_concurrent_samples_per_replica: int = 0
+    """async_training.hybrid_concurrent_samples_per_replica (static; 0 = as a standalone): samples the
+    rollouter keeps in flight per active hybrid, within the same max_required."""
+    responses_per_sample: int = 1
+    """data.n (static): the requests one sample puts on an engine."""
+    max_running_requests_per_replica: int = 0
+    """rollout.max_num_seqs (static; 0 = not given): one engine's running requests; more wait in it."""
     queue_size: int = -1
     """MessageQueue samples not yet taken by the trainer, read at the sync (-1: the driver did not read it;
     `total_generated - expected` is the seed's estimate of it)."""
@@ -135,6 +142,30 @@ class DynamicScheduleContext:
         concurrent_samples_per_replica, max_required) (0 when the concurrency is not given)."""
         standalones_hold = self.num_standalone_replicas * self.concurrent_samples_per_replica
         return min(standalones_hold, self.max_required_samples)
+
+    def running_requests(self, *, samples: int, replicas: int) -> int:
+        """Requests `replicas` engines run at once holding `samples` samples between them (spread evenly,
+        each runs at most max_running_requests_per_replica; no cap when that is not given)."""
+        requests = samples * self.responses_per_sample
+        cap = replicas * self.max_running_requests_per_replica
+        return min(requests, cap) if cap > 0 else requests
+
+    @property
+    def hybrid_running_share(self) -> float:
+        """The share of the hybrids' running slots that would run requests the standalones alone do not:
+        1 while the standalones' engines are full or the rollouter's max_required leaves room for the
+        hybrids' own samples, 0 where the standalones already hold max_required with slots to spare (lent
+        GPUs would only spread the same requests); 1 when the concurrency is not given."""
+        per_hybrid = self.hybrid_concurrent_samples_per_replica or self.concurrent_samples_per_replica
+        hybrids, standalones = self.num_hybrid_replicas, self.num_standalone_replicas
+        hybrid_slots = self.running_requests(samples=hybrids * per_hybrid, replicas=hybrids)
+        if hybrid_slots <= 0:
+            return 1.0
+        all_samples = min(standalones * self.concurrent_samples_per_replica + hybrids * per_hybrid,
+                          self.max_required_samples)
+        added = (self.running_requests(samples=all_samples, replicas=standalones + hybrids)
+                 - self.running_requests(samples=self.standalone_samples_in_flight, replicas=standalones))
+        return max(0.0, min(1.0, added / hybrid_slots))
 
     @property
     def carry_over_limit_samples(self) -> int:

@@ -80,7 +80,10 @@ class Simulation:
         self.trainer_phase = LaneState.IDLE
         self.trainer_on_gpu = True
         """False from the trainer's offload (ReleaseTrainer) to its onload (AcquireTrainer, AcquireGpu)."""
+        engine_cap = scenario.config.rollout.max_num_seqs  # what the controller's config says, as live
         self.core = build_controller_core(cfg, required_samples=self.limits.required_samples,
+                                          responses_per_sample=cfg.n,
+                                          max_running_requests_per_replica=engine_cap,
                                           hybrid_ids=self.hybrid_ids, standalone_ids=self.standalone_ids)
         self.policy = self.core.policy
         self.executor = build_executor_core(cfg, core=self.core, clock=self._now)
