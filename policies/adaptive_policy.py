@@ -22,9 +22,8 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
 - Rates: P_s and P_h come from the per-replica rate pooled over whole sync cycles (it credits a
   hybrid's work finished on a standalone after the deactivation; the seconds the rollouter sat idle at
   its staleness limit are left out, core/measure.py), P_h only for the hybrids' running slots that would
-  run requests of their own (`ctx.hybrid_running_share`: a replica set produces as it runs requests; where
-  the standalones hold the rollouter's cap, max_required, with engine slots to spare, lending the GPUs only
-  spreads the same requests and it never activates); the queue fills during the window at the rate
+  run requests of their own (`ctx.hybrid_running_share`; 0 where the standalones hold max_required with
+  engine slots to spare: it then never activates); the queue fills during the window at the rate
   measured in the hybrid windows (slower: a window is short against a sample's
   latency), and what the pooled rate produced beyond it is credited after the switch. The static
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
@@ -52,7 +51,8 @@ is measured too. It never activates when the queue already holds the planned X (
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
 activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
-samples anyway; this blind switch is also the first measurement of a switch) and deactivates at `required`;
+samples anyway) and the hybrids add samples in flight (the standalones alone hold fewer than max_required;
+this blind switch is also the first measurement of a switch) and deactivates at `required` samples;
 an unmeasured switch part counts as one micro-step of training; it stays asleep once the feed is done.
 The rebalance is measured too: each choice is tried, the one whose windows filled the queue faster is
 kept (`request_rebalance`).
@@ -204,11 +204,13 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return False
         standalone_rate, hybrid_rate = self._rates(ctx)
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
-            activate = surplus < ctx.required_samples
+            adds_samples = ctx.standalone_samples_in_flight < ctx.max_required_samples  # session 20
+            activate = surplus < ctx.required_samples and adds_samples
             self.planned_wait_samples = ctx.required_samples if activate else 0
             self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,
-                                  "why": "nothing measured yet: activate iff the queue cannot feed a "
-                                         "micro-step", "wait_for_samples": self.planned_wait_samples}
+                                  "why": "nothing measured yet: activate iff the queue cannot feed a micro-"
+                                         "step and the standalones alone hold fewer than max_required",
+                                  "wait_for_samples": self.planned_wait_samples}
             return activate
         level = _queue_level(ctx)
         first_rate = pooled_rate(self.static_first_fill, min_samples=ctx.required_samples)

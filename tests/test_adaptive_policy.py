@@ -151,6 +151,17 @@ def test_hybrids_add_running_requests_where_the_standalones_engines_are_full_eve
     assert roomy.hybrid_running_share == 0.0
 
 
+def test_the_blind_start_up_switch_waits_for_a_measurement_where_the_standalones_hold_max_required():
+    # engines full (share 1: the hybrids would run requests), but no sample of the hybrids' own: the
+    # one switch taken before anything is measured is skipped, as in session 20
+    full = make_ctx(surplus=-64, concurrent_samples_per_replica=48)
+    full.responses_per_sample, full.max_running_requests_per_replica = 8, 128
+    assert full.hybrid_running_share == 1.0
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(0, False, full) is False
+    assert "nothing measured yet" in policy.last_decision["why"]
+
+
 def test_a_production_bound_cycle_stays_asleep_where_the_standalones_already_fill_max_required():
     # the same measured rates that activate below (production_bound), but 2 x 48 = 96 samples in flight
     # on the standalones alone: the hybrids would add no sample in flight, so no rate
