@@ -204,7 +204,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return False
         standalone_rate, hybrid_rate = self._rates(ctx)
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
-            adds_samples = ctx.standalone_samples_in_flight < ctx.max_required_samples  # session 20
+            adds_samples = ctx.standalone_samples_in_flight < ctx.max_required_samples  # else it only spreads
             activate = surplus < ctx.required_samples and adds_samples
             self.planned_wait_samples = ctx.required_samples if activate else 0
             self.last_decision = {"decision": "activate" if activate else "stay", "queued": surplus,

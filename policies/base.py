@@ -137,11 +137,21 @@ class DynamicScheduleContext:
             self.required_samples * (self.staleness_threshold + 1) * self.trigger_parameter_sync_step)
 
     @property
+    def samples_per_hybrid(self) -> int:
+        """Samples the rollouter keeps in flight per active hybrid (0 when the concurrency is not given)."""
+        return self.hybrid_concurrent_samples_per_replica or self.concurrent_samples_per_replica
+
+    def samples_in_flight(self, *, hybrids: int) -> int:
+        """Samples the rollouter keeps in flight with the standalones and `hybrids` hybrids serving: their
+        share, capped at max_required (as core/flow.py's max_concurrent; 0 when no concurrency is given)."""
+        standalones_hold = self.num_standalone_replicas * self.concurrent_samples_per_replica
+        return min(standalones_hold + hybrids * self.samples_per_hybrid, self.max_required_samples)
+
+    @property
     def standalone_samples_in_flight(self) -> int:
         """Samples the rollouter keeps in flight with the standalones alone serving: min(standalones x
         concurrent_samples_per_replica, max_required) (0 when the concurrency is not given)."""
-        standalones_hold = self.num_standalone_replicas * self.concurrent_samples_per_replica
-        return min(standalones_hold, self.max_required_samples)
+        return self.samples_in_flight(hybrids=0)
 
     def running_requests(self, *, samples: int, replicas: int) -> int:
         """Requests `replicas` engines run at once holding `samples` samples between them (spread evenly,
@@ -156,13 +166,11 @@ class DynamicScheduleContext:
         1 while the standalones' engines are full or the rollouter's max_required leaves room for the
         hybrids' own samples, 0 where the standalones already hold max_required with slots to spare (lent
         GPUs would only spread the same requests); 1 when the concurrency is not given."""
-        per_hybrid = self.hybrid_concurrent_samples_per_replica or self.concurrent_samples_per_replica
         hybrids, standalones = self.num_hybrid_replicas, self.num_standalone_replicas
-        hybrid_slots = self.running_requests(samples=hybrids * per_hybrid, replicas=hybrids)
+        hybrid_slots = self.running_requests(samples=hybrids * self.samples_per_hybrid, replicas=hybrids)
         if hybrid_slots <= 0:
             return 1.0
-        all_samples = min(standalones * self.concurrent_samples_per_replica + hybrids * per_hybrid,
-                          self.max_required_samples)
+        all_samples = self.samples_in_flight(hybrids=hybrids)
         added = (self.running_requests(samples=all_samples, replicas=standalones + hybrids)
                  - self.running_requests(samples=self.standalone_samples_in_flight, replicas=standalones))
         return max(0.0, min(1.0, added / hybrid_slots))
