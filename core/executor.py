@@ -180,7 +180,9 @@ class ExecutorCore:
                                       samples_per_replica_s=m.samples_per_replica_s,
                                       hybrid_window_samples_per_s=m.hybrid_window_samples_per_s,
                                       last_hybrid_window_samples_per_s=m.last_hybrid_window_samples_per_s,
-                                      trainer_s_per_micro_step=m.trainer_s_per_micro_step)
+                                      trainer_s_per_micro_step=m.trainer_s_per_micro_step,
+                                      decode_batch_slowdown=m.decode_batch_slowdown,
+                                      decode_mean_inflight=m.decode_mean_inflight)
 
     def _explain(self, version: int) -> Plan[None]:
         """Audit the numbers behind the policy's decision, when the policy gives them."""
@@ -297,6 +299,7 @@ class ExecutorCore:
             yield WorkerCall(replica_ids=serving, action=CommandAction.RESUME)
         elif isinstance(command, cc.ResetStaleness):
             report.rollouter_report = yield ResetRollouter(version=command.version)
+            self.meter.record_decode_fit(report.rollouter_report or {})
         else:  # pragma: no cover - a new command kind needs a branch here
             raise AssertionError(f"unhandled command {command!r}")
 

@@ -9,6 +9,10 @@ arrive. The executor hands the results to `ControllerCore.record_measurements`, 
 them in the policy's context. Nothing here reads the future: every number comes from
 readings already taken when a decision is made.
 
+The engines' step against their batch: every finished attempt's decode seconds, decoded tokens and the
+requests its engine held meanwhile (`InflightClock`, kept by each engine) reach the rollouter, which sums
+them per version (`DecodeFit`) into its reset report; the meter keeps those sums decayed per version.
+
 Windows: the time between two progress readings is one window. A window in which no hybrid
 served measures the standalones; a window in which hybrids served measures the hybrids' extra
 production over what the standalones' measured rate explains. Both are decayed totals
@@ -42,6 +46,93 @@ class _Decayed:
         return self.num / self.den if self.den > 0 else 0.0
 
 
+DECODE_FIT_PREFIX = "dynsched/rollout/decode_fit_"
+"""The rollouter's per-version DecodeFit sums in its reset report (and so in the cycle's metrics)."""
+MIN_INFLIGHT_SPREAD = 1.0
+"""Least standard deviation of the in-flight counts (requests) a decode fit needs: an engine that ran at
+one batch size all along shows no slope."""
+MAX_BATCH_SLOWDOWN = 10.0
+"""Cap of the fitted slowdown per running request (a step ten times a lone request's per request added:
+an engine whose throughput no longer grows with its batch)."""
+
+
+class InflightClock:
+    """The integral of an engine's requests in flight over time: a request's mean in-flight count over
+    its attempt is (integral at its end - at its start) / its duration (itself included)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._integral = 0.0
+        self._since_s = 0.0
+
+    def change(self, now_s: float, delta: int) -> None:
+        """`delta` requests enter (> 0) or leave (< 0) the engine at `now_s`."""
+        self._integral = self.integral(now_s)
+        self._since_s = now_s
+        self.count = max(0, self.count + delta)
+
+    def integral(self, now_s: float) -> float:
+        return self._integral + self.count * max(0.0, now_s - self._since_s)
+
+
+@dataclass
+class DecodeFit:
+    """Seconds per generated token against the requests in flight on the engine (time-averaged over each
+    attempt), a token-weighted least-squares line y = a + c x: `batch_slowdown` = c / a is what one more
+    running request adds to a step, relative to a lone request's step (the sim engine's
+    `batch_slowdown`; a physics engine's batch compute and KV reads). The rollouter adds its finished
+    attempts over a version and reports the sums; the controller keeps them decayed per version."""
+
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, *, tokens: int, seconds: float, inflight: float) -> None:
+        """One finished attempt; one with no tokens, no time or no in-flight reading is left out."""
+        if tokens <= 0 or seconds <= 0 or inflight <= 0:
+            return
+        y = seconds / tokens
+        self.w += tokens
+        self.x += tokens * inflight
+        self.y += tokens * y
+        self.xx += tokens * inflight * inflight
+        self.xy += tokens * inflight * y
+
+    def add_decayed(self, other: DecodeFit) -> None:
+        """Old sums weigh WINDOW_DECAY per newer batch (a version's), like the rates."""
+        for name in ("w", "x", "y", "xx", "xy"):
+            setattr(self, name, WINDOW_DECAY * getattr(self, name) + getattr(other, name))
+
+    def to_metrics(self) -> dict[str, float]:
+        return {f"{DECODE_FIT_PREFIX}{name}": getattr(self, name) for name in ("w", "x", "y", "xx", "xy")}
+
+    @classmethod
+    def from_metrics(cls, metrics: dict[str, float]) -> DecodeFit:
+        return cls(**{name: float(metrics.get(f"{DECODE_FIT_PREFIX}{name}", 0.0))
+                      for name in ("w", "x", "y", "xx", "xy")})
+
+    @property
+    def mean_inflight(self) -> float:
+        return self.x / self.w if self.w > 0 else 0.0
+
+    @property
+    def batch_slowdown(self) -> float:
+        """c / a of the fitted line; 0 with too little spread of in-flight counts or no positive slope."""
+        if self.w <= 0:
+            return 0.0
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        var_x = self.xx / self.w - mean_x * mean_x
+        if var_x < MIN_INFLIGHT_SPREAD ** 2:
+            return 0.0
+        slope = (self.xy / self.w - mean_x * mean_y) / var_x
+        if slope <= 0:
+            return 0.0
+        intercept = mean_y - slope * mean_x
+        return MAX_BATCH_SLOWDOWN if intercept <= slope / MAX_BATCH_SLOWDOWN else slope / intercept
+
+
 class RateMeter:
     """Replica-seconds of serving, split by kind, between progress readings; trainer micro-step time."""
 
@@ -65,8 +156,13 @@ class RateMeter:
         self._cycle_rs = 0.0
         self._cycle_generated: int | None = None
         self.trainer_s_per_micro_step = 0.0
+        self._decode = DecodeFit()
 
     # ---- inputs ----
+
+    def record_decode_fit(self, rollouter_report: dict[str, float]) -> None:
+        """The rollouter's reset report of a version: its finished attempts' decode fit sums."""
+        self._decode.add_decayed(DecodeFit.from_metrics(rollouter_report))
 
     def set_serving(self, now_s: float, *, standalones: int | None = None,
                     hybrids: int | None = None) -> None:
@@ -149,6 +245,16 @@ class RateMeter:
     def hybrid_samples_per_replica_s(self) -> float:
         """Extra production per hybrid replica-second (never negative; 0 until a hybrid window closed)."""
         return max(0.0, self._hybrid_extra.value)
+
+    @property
+    def decode_mean_inflight(self) -> float:
+        """Requests in flight averaged over the decoded tokens (0 until measured)."""
+        return self._decode.mean_inflight
+
+    @property
+    def decode_batch_slowdown(self) -> float:
+        """The engines' measured step growth per running request (0 until a fit has spread)."""
+        return self._decode.batch_slowdown
 
     def _close_segment(self, now_s: float) -> None:
         if self._segment_start_s is not None:

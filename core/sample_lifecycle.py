@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from core import metrics as M
 from core.flow import FlowLimits, StalenessTracker
+from core.measure import DecodeFit
 from core.metrics import UtilizationHistory
 from shared.names import RolloutStateField as F
 
@@ -104,6 +105,8 @@ class SampleLifecycle:
         self.max_concurrent = 0
         self.version = 0
         self.idle = False
+        self.decode = DecodeFit()
+        """The version's finished attempts: seconds per token against requests in flight (core/measure.py)."""
 
     # ---- restart ----
 
@@ -168,6 +171,11 @@ class SampleLifecycle:
             self.tracker.on_idle_start(now_s)
         return False
 
+    def on_attempt_finished(self, *, tokens: int, seconds: float, inflight: float) -> None:
+        """An attempt ran to its end (not aborted): `tokens` in `seconds` on an engine holding `inflight`
+        requests on average (itself included; 0 = the engine did not say)."""
+        self.decode.add(tokens=tokens, seconds=seconds, inflight=inflight)
+
     def reset(self, *, version: int, mq_size: int, now_s: float) -> dict[str, float]:
         """`reset_staleness`: version `version` is live; returns the version's rollouter metrics."""
         self._end_idle(now_s)
@@ -175,7 +183,9 @@ class SampleLifecycle:
         utilization = self.history.close(now_s)
         self.version = version
         limits = self.limits
+        decode, self.decode = self.decode, DecodeFit()
         return {
+            **decode.to_metrics(),
             M.STEP_GENERATED: report.step_generated_samples,
             M.ROLLOUTER_IDLE: report.idle_ratio,
             M.ROLLOUTER_VERSION_TIME: report.version_time_s,

@@ -19,11 +19,11 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   the wait is for samples started in this version, a latency lent replicas barely shorten; but where
   production, not latency, is what the trainer waits for, the cap kept windows too short, and where
   latency binds, the measured corrections below catch the fluid model's optimism.)
-- Rates: P_s and P_h come from the per-replica rate pooled over whole sync cycles (it credits a
-  hybrid's work finished on a standalone after the deactivation; the seconds the rollouter sat idle at
-  its staleness limit are left out, core/measure.py), P_h only for the hybrids' running slots that would
-  run requests of their own (`ctx.hybrid_running_share`; 0 where the standalones hold max_required with
-  engine slots to spare: it then never activates); the queue fills during the window at the rate
+- Rates: P_s is the per-replica rate pooled over whole sync cycles (it credits a hybrid's work
+  finished on a standalone after the deactivation; the seconds the rollouter sat idle at its staleness
+  limit are left out, core/measure.py); P_h = P_s x `ctx.hybrid_production_gain` (the requests in flight
+  the hybrids add, and the standalones' requests spread over more engines at the measured step-vs-batch;
+  0 where neither pays: it then never activates); the queue fills during the window at the rate
   measured in the hybrid windows (slower: a window is short against a sample's
   latency), and what the pooled rate produced beyond it is credited after the switch. The static
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
@@ -195,11 +195,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if self.only_hybrid:
             self.last_decision = {"decision": "activate", "why": "only_hybrid: hybrids are all the rollout"}
             return True
-        if ctx.feed_done or ctx.hybrid_running_share <= 0:
+        if ctx.feed_done or ctx.hybrid_production_gain <= 0:
             self.planned_wait_samples = 0
             why = ("feed done: no new sample will start, lent GPUs would only idle" if ctx.feed_done else
-                   "the hybrids would run no requests of their own: the standalones hold max_required "
-                   "(the rollouter's cap) with engine slots to spare, lent GPUs would only spread them")
+                   "the hybrids would add no production: the standalones hold max_required (the rollouter's "
+                   "cap) with engine slots to spare, and spreading them pays nothing at the measured step")
             self.last_decision = {"decision": "stay", "queued": surplus, "why": why}
             return False
         standalone_rate, hybrid_rate = self._rates(ctx)
@@ -346,10 +346,10 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def _rates(self, ctx: DynamicScheduleContext) -> tuple[float, float]:
         """(P_s, P_h) in samples/s from the per-replica rate pooled over whole cycles (hybrid work left
         unfinished at a deactivation completes on a standalone, so a window's rate under-counts it);
-        before a cycle closed, the standalones' window rate; P_h for the slots running requests of its own."""
+        before a cycle closed, the standalones' window rate; P_h what the hybrids would add to it."""
         per_replica = ctx.samples_per_replica_s or ctx.standalone_samples_per_replica_s
-        share = ctx.hybrid_running_share  # a replica set produces as it runs requests
-        return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_hybrid_replicas * share
+        return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_standalone_replicas * (
+            ctx.hybrid_production_gain)
 
     @staticmethod
     def _fill_rate(ctx: DynamicScheduleContext) -> float:

@@ -113,6 +113,13 @@ class GenerateResult:
     attempt: int = 0
     """Echo of the request's attempt, so a late duplicate of an old attempt is ignored."""
     generation_time_s: float = 0.0
+    decode_time_s: float = 0.0
+    """Seconds from the attempt's first decoded token to its last (its prefill left out; 0 = unknown)."""
+    decode_tokens: int = 0
+    """The tokens decoded in decode_time_s."""
+    mean_inflight_requests: float = 0.0
+    """Requests the engine held on average over decode_time_s, this one included (0 = unknown): with the
+    two above, what the controller fits an engine's step against its batch from (core/measure.py)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from core.measure import InflightClock
 from shared.config import Config
 from sim.engine import Engine
 from sim.scenario import ReplicaTiming, WorkloadShape, engine_model
@@ -108,7 +109,8 @@ class Request:
     """One trajectory of a sample; generated over one or more attempts (partial rollout)."""
 
     __slots__ = ("request_id", "sample", "prompt_tokens", "target_tokens", "generated", "state",
-                 "attempt", "join_v", "join_ctx", "replica", "attempts_total")
+                 "attempt", "join_v", "join_ctx", "replica", "attempts_total", "decode_started_s",
+                 "decode_generated", "decode_integral", "decode_s", "mean_inflight")
 
     def __init__(self, request_id: str, sample: Sample, prompt_tokens: int, target_tokens: int) -> None:
         self.request_id = request_id
@@ -123,6 +125,19 @@ class Request:
         """Context (prompt + generated) when the attempt started decoding or prefilling."""
         self.replica: Replica | None = None
         self.attempts_total = 0
+        self.decode_started_s = -1.0
+        """When the attempt first decoded (-1: not yet); its tokens and in-flight integral then."""
+        self.decode_generated = 0.0
+        self.decode_integral = 0.0
+        self.decode_s = 0.0
+        """Set when the attempt finishes: its seconds from its first decode step, and the requests its
+        replica held on average meanwhile (itself included): what an engine reports of its batch."""
+        self.mean_inflight = 0.0
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens the finished attempt decoded (those of its decode_s)."""
+        return int(self.generated - self.decode_generated + 1e-6)
 
 
 class Replica:
@@ -163,6 +178,7 @@ class Replica:
         self.tokens_decoded = 0.0
         self.tokens_prefilled = 0.0
         self.preemptions = 0
+        self.inflight_clock = InflightClock()
 
     # -- request lifecycle ---------------------------------------------------
 
@@ -171,6 +187,8 @@ class Replica:
         req.replica = self
         req.state = WAITING
         self.inflight[req.request_id] = req
+        self.inflight_clock.change(self.engine.now_s, +1)
+        req.decode_started_s = -1.0
         self._waiting.append(req)
         self._fill_slots()
         self._update_busy()
@@ -208,6 +226,10 @@ class Replica:
         self._prefilling_ctx -= req.join_ctx
         req.state = DECODE
         req.join_v = self._v
+        if req.decode_started_s < 0:
+            now_s = self.engine.now_s
+            req.decode_started_s, req.decode_generated = now_s, req.generated
+            req.decode_integral = self.inflight_clock.integral(now_s)
         self._k += req.join_ctx - self._v
         self._decoding_order[req.request_id] = req
         self._seq += 1
@@ -257,12 +279,17 @@ class Replica:
             if attempt != req.attempt or req.replica is not self:
                 continue
             finished.append(req)
+        now_s = self.engine.now_s
         for req in finished:
             self._leave_decode(req)
             req.generated = float(req.target_tokens)
             req.state = DONE
             req.replica = None
             del self.inflight[req.request_id]
+            req.decode_s = now_s - req.decode_started_s
+            integral = self.inflight_clock.integral(now_s) - req.decode_integral
+            req.mean_inflight = integral / req.decode_s if req.decode_s > 0 else self.inflight_clock.count
+        self.inflight_clock.change(now_s, -len(finished))
         if not finished and self._decoding > 1 and self._kv_full():
             self._preempt_newest()
         self._fill_slots()
@@ -314,6 +341,7 @@ class Replica:
             req.attempt += 1
             req.state = WAITING
             req.replica = None
+        self.inflight_clock.change(self.engine.now_s, -len(aborted))
         self.inflight.clear()
         self._waiting.clear()
         self._heap.clear()

@@ -117,25 +117,12 @@ def test_with_nothing_measured_it_activates_only_if_the_hybrids_add_samples_in_f
     at_cap = make_ctx(surplus=-64, concurrent_samples_per_replica=48)  # 96: the hybrids would add none
     policy = make_adaptive()
     assert policy.should_activate_after_step(0, False, at_cap) is False
-    assert "hybrids would run no requests of their own" in policy.last_decision["why"]
+    assert "hybrids would add no production" in policy.last_decision["why"]
 
 
 def test_the_samples_the_standalones_hold_in_flight_are_capped_at_max_required():
     assert make_ctx(concurrent_samples_per_replica=16).standalone_samples_in_flight == 2 * 16
     assert make_ctx(concurrent_samples_per_replica=64).standalone_samples_in_flight == 96
-
-
-def test_the_hybrids_running_share_is_what_max_required_leaves_them_on_engines_with_free_slots():
-    # max_required 96, n 1, engines unbounded: 2 standalones x 16 = 32 in flight, 2 hybrids x 16 more all fit
-    assert make_ctx(concurrent_samples_per_replica=16).hybrid_running_share == 1.0
-    # 2 x 32 = 64 on the standalones: of the hybrids' 64 slots only 32 carry new samples
-    assert make_ctx(concurrent_samples_per_replica=32).hybrid_running_share == 0.5
-    # the standalones alone hold max_required: lending the GPUs only spreads the same samples
-    assert make_ctx(concurrent_samples_per_replica=48).hybrid_running_share == 0.0
-    assert make_ctx(concurrent_samples_per_replica=0).hybrid_running_share == 1.0  # not given
-    hybrids_at_8 = make_ctx(concurrent_samples_per_replica=40)
-    hybrids_at_8.hybrid_concurrent_samples_per_replica = 8  # 80 + 16 = 96: every hybrid slot counts
-    assert hybrids_at_8.hybrid_running_share == 1.0
 
 
 def test_hybrids_add_running_requests_where_the_standalones_engines_are_full_even_at_max_required():
@@ -144,11 +131,11 @@ def test_hybrids_add_running_requests_where_the_standalones_engines_are_full_eve
     full = make_ctx(concurrent_samples_per_replica=48)
     full.responses_per_sample, full.max_running_requests_per_replica = 8, 128
     assert full.running_requests(samples=96, replicas=2) == 256
-    assert full.hybrid_running_share == 1.0
+    assert full.hybrid_production_gain == 1.0
     # n 2: 192 requests fit in the standalones' 256 slots, so the hybrids would run none of their own
     roomy = make_ctx(concurrent_samples_per_replica=48)
     roomy.responses_per_sample, roomy.max_running_requests_per_replica = 2, 128
-    assert roomy.hybrid_running_share == 0.0
+    assert roomy.hybrid_production_gain == 0.0
 
 
 def test_the_blind_start_up_switch_waits_for_a_measurement_where_the_standalones_hold_max_required():
@@ -156,7 +143,7 @@ def test_the_blind_start_up_switch_waits_for_a_measurement_where_the_standalones
     # one switch taken before anything is measured is skipped, as in session 20
     full = make_ctx(surplus=-64, concurrent_samples_per_replica=48)
     full.responses_per_sample, full.max_running_requests_per_replica = 8, 128
-    assert full.hybrid_running_share == 1.0
+    assert full.hybrid_production_gain == 1.0
     policy = make_adaptive()
     assert policy.should_activate_after_step(0, False, full) is False
     assert "nothing measured yet" in policy.last_decision["why"]
@@ -168,7 +155,7 @@ def test_a_production_bound_cycle_stays_asleep_where_the_standalones_already_fil
     policy = make_adaptive()
     at_cap = production_bound(concurrent_samples_per_replica=48)
     assert policy.should_activate_after_step(8, False, at_cap) is False
-    assert "hybrids would run no requests of their own" in policy.last_decision["why"]
+    assert "hybrids would add no production" in policy.last_decision["why"]
     below_cap = production_bound(concurrent_samples_per_replica=16)
     assert make_adaptive().should_activate_after_step(8, False, below_cap) is True
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from core import controller as cc
+from core.measure import DecodeFit
 from services.controller.admin import PrometheusExporter, build_app
 from services.launcher import LOST
 from shared.config import config_to_dict
@@ -257,6 +258,22 @@ async def test_every_cycle_carries_the_seed_metrics_and_the_ratios_match_their_d
         assert m["dynamic_resource/resource_utilization"] == pytest.approx(
             ((1 - x) * a * u_train + (x * a + b) * u_rollout) / (a + b))
         assert 0.0 <= u_rollout <= 1.0 and 0.0 <= u_train <= 1.0
+
+
+async def test_the_engines_report_their_batch_and_decode_time_with_every_finished_attempt(
+        redis_server):
+    stack = await run_stack(redis_server.url)
+    redis = connect(redis_server.url)
+    try:
+        cycles = [decode(f).metrics for _, f in await redis.xrange(stack.names.metrics)]
+    finally:
+        await redis.aclose()
+    fits = [DecodeFit.from_metrics(m) for m in cycles]
+    measured = [fit for fit in fits if fit.w > 0]
+    # every version after the first closes with finished attempts that carried decode time, tokens, batch
+    assert len(measured) >= len(fits) - 1
+    assert all(1.0 <= fit.mean_inflight <= stack.config.rollout.max_num_seqs for fit in measured)
+    assert all(fit.y / fit.w > 0 for fit in measured)  # seconds per decoded token
 
 
 async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_requests_are_retried(

@@ -105,6 +105,17 @@ async def test_generate_returns_tokens_with_logprobs_matching_the_trainer_model(
     assert out.logprobs == pytest.approx(expected, abs=2e-3)
 
 
+async def test_a_finished_generation_reports_its_decode_time_tokens_and_mean_batch(engines) -> None:
+    first, _ = engines
+    outs = await asyncio.gather(*(first.generate(request_id=f"b{i}", prompt_token_ids=PROMPT, max_tokens=24)
+                                  for i in range(4)))
+    for out in outs:
+        timings = out.timings
+        assert 0 < timings["decode_s"] <= timings["generate_s"]  # the prefill and first token left out
+        assert 0 < timings["decode_tokens"] < len(out.token_ids) == 24
+        assert 1.0 <= timings["mean_inflight"] <= 4.0  # four generations shared the engine
+
+
 async def test_abort_returns_partial_tokens_that_resume_on_another_replica(engines, model_dirs) -> None:
     first, second = engines
     # Abort a third of the way through, as timed on this machine: a fixed 0.5 s let a warm engine on a

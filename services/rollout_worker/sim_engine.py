@@ -115,11 +115,14 @@ class SimEngine:
         if finish_reason is not FinishReason.ABORT and response > target:
             finish_reason = FinishReason.LENGTH
         num_tokens = max(0, int(req.generated + 1e-6) - generated_so_far)
+        timings = {"decode_s": req.decode_s * self.clock.time_scale, "decode_tokens": req.decode_tokens,
+                   "mean_inflight": req.mean_inflight} if finish_reason is not FinishReason.ABORT else {}
         # numpy, not a Python loop: thousands of tokens per response are CPU the services compete for
         rng = np.random.default_rng(zlib.crc32(f"{request_id}/{generated_so_far}".encode()) ^ self.seed)
         token_ids = rng.integers(3, VOCAB_SIZE, num_tokens).tolist()
         logprobs = (-0.1 - rng.random(num_tokens)).tolist()
-        return EngineOutput(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason)
+        return EngineOutput(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
+                            timings=timings)
 
     def _indices(self, request_id: str) -> tuple[int, int, bool]:
         """(sample index, trajectory, True) of `sample_0_K/j`; any other id maps onto a drawn pair

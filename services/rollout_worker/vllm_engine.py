@@ -33,6 +33,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.measure import InflightClock
 from services.rollout_worker.engine import EngineOutput
 from shared import weights
 from shared.schema import FinishReason, PushStep
@@ -110,6 +111,8 @@ class VllmEngine:
         """Last duration in seconds of start/abort/resume/sleep/wake/load_weights."""
         self._llm: Any = None
         self._inflight: set[str] = set()
+        self._inflight_clock = InflightClock()
+        """Requests in generate() over time: each output's mean batch (EngineOutput.timings)."""
         self._push_open = False
         self._joined = False
         self._counter = itertools.count()
@@ -183,24 +186,29 @@ class VllmEngine:
         finish_reason = FinishReason.ABORT
         t0 = time.monotonic()
         self._inflight.add(vllm_id)
+        self._inflight_clock.change(t0, +1)
+        first: tuple[float, float, int] | None = None  # (time, in-flight integral, tokens): first output
         try:
             stream = self._llm.generate({"prompt_token_ids": prompt_token_ids}, params, vllm_id)
             async for out in stream:
                 completion = out.outputs[0]
                 token_ids.extend(completion.token_ids)
+                if first is None:
+                    now = time.monotonic()
+                    first = (now, self._inflight_clock.integral(now), len(token_ids))
                 for tok, lp in zip(completion.token_ids, completion.logprobs or [], strict=True):
                     logprobs.append(float(lp[tok].logprob))
                 if out.finished:
                     finish_reason = _finish_reason(completion.finish_reason)
         finally:
             self._inflight.discard(vllm_id)
+            ended = time.monotonic()
+            timings = {"generate_s": ended - t0, **_decode_timings(first, ended, len(token_ids),
+                                                                   self._inflight_clock)}
+            self._inflight_clock.change(ended, -1)
         assert len(logprobs) == len(token_ids), (vllm_id, len(logprobs), len(token_ids))
-        return EngineOutput(
-            token_ids=token_ids,
-            logprobs=logprobs,
-            finish_reason=finish_reason,
-            timings={"generate_s": time.monotonic() - t0},
-        )
+        return EngineOutput(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
+                            timings=timings)
 
     async def abort_all(self) -> None:
         """Pause in abort mode: in-flight generate() calls return partial tokens; paused until resume()."""
@@ -324,6 +332,16 @@ class VllmEngine:
         else:
             raise ValueError(f"unknown weight transfer step {step!r}")
         self.timings[f"transfer_{step}_s"] = time.monotonic() - t0
+
+
+def _decode_timings(first: tuple[float, float, int] | None, ended_s: float, num_tokens: int,
+                    clock: InflightClock) -> dict[str, float]:
+    """EngineOutput.timings' decode part: from the first output (prefill and its token done) to the end."""
+    if first is None or ended_s <= first[0] or num_tokens <= first[2]:
+        return {}
+    started_s, integral, tokens = first
+    return {"decode_s": ended_s - started_s, "decode_tokens": num_tokens - tokens,
+            "mean_inflight": (clock.integral(ended_s) - integral) / (ended_s - started_s)}
 
 
 def _finish_reason(vllm_reason: str | None) -> FinishReason:

@@ -191,16 +191,19 @@ class RolloutWorker:
             output = EngineOutput(token_ids=[], logprobs=[], finish_reason=FinishReason.ERROR)
         await self._answer(sub, entry_id, self._result(
             request, token_ids=output.token_ids, logprobs=output.logprobs, finish_reason=output.finish_reason,
-            version=version, generation_time_s=time.monotonic() - started))
+            version=version, generation_time_s=time.monotonic() - started, timings=output.timings))
 
     def _result(self, request: GenerateRequest, *, token_ids: list[int], logprobs: list[float],
                 finish_reason: FinishReason, version: int | None = None,
-                generation_time_s: float = 0.0) -> GenerateResult:
+                generation_time_s: float = 0.0, timings: dict[str, float] | None = None) -> GenerateResult:
+        timings = timings or {}
         return GenerateResult(
             request_id=request.request_id, sample_id=request.sample_id, replica_id=self.replica_id,
             token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
             weight_version=self.version if version is None else version, attempt=request.attempt,
-            generation_time_s=generation_time_s,
+            generation_time_s=generation_time_s, decode_time_s=timings.get("decode_s", 0.0),
+            decode_tokens=int(timings.get("decode_tokens", 0)),
+            mean_inflight_requests=timings.get("mean_inflight", 0.0),
         )
 
     async def _answer(self, sub: Subscription, entry_id: str, result: GenerateResult) -> None:

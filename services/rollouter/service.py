@@ -45,6 +45,7 @@ from shared.schema import (
     encode,
 )
 from shared.streams import ensure_group, group_lag
+from shared.vocab import FINISHED
 
 log = logging.getLogger(__name__)
 CONSUMER = "rollouter"
@@ -157,6 +158,9 @@ class Rollouter:
         progress = self.progress.get(result.sample_id)
         if progress is None:
             return  # a duplicate of a sample already queued
+        if result.finish_reason in FINISHED:
+            self.lifecycle.on_attempt_finished(tokens=result.decode_tokens, seconds=result.decode_time_s,
+                                               inflight=result.mean_inflight_requests)
         retry = progress.apply(result, partial_rollout=self.config.async_training.partial_rollout)
         if retry is not None:
             delay_s = self.config.rollout.retry_delay_s * self.config.run.time_scale
