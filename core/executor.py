@@ -181,8 +181,7 @@ class ExecutorCore:
                                       hybrid_window_samples_per_s=m.hybrid_window_samples_per_s,
                                       last_hybrid_window_samples_per_s=m.last_hybrid_window_samples_per_s,
                                       trainer_s_per_micro_step=m.trainer_s_per_micro_step,
-                                      decode_batch_slowdown=m.decode_batch_slowdown,
-                                      decode_mean_inflight=m.decode_mean_inflight)
+                                      decode_load_cost=m.decode_load_cost)
 
     def _explain(self, version: int) -> Plan[None]:
         """Audit the numbers behind the policy's decision, when the policy gives them."""

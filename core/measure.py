@@ -51,86 +51,113 @@ DECODE_FIT_PREFIX = "dynsched/rollout/decode_fit_"
 MIN_INFLIGHT_SPREAD = 1.0
 """Least standard deviation of the in-flight counts (requests) a decode fit needs: an engine that ran at
 one batch size all along shows no slope."""
-MAX_BATCH_SLOWDOWN = 10.0
-"""Cap of the fitted slowdown per running request (a step ten times a lone request's per request added:
-an engine whose throughput no longer grows with its batch)."""
+MAX_LOAD_COST = 100.0
+"""Cap of the fitted load cost (the load's part of a step a hundred times the fixed part: an engine
+whose throughput no longer grows with its batch)."""
+COLLINEAR = 0.995
+"""Above this correlation of the two loads (requests, context tokens) the fit keeps the requests alone."""
+FIT_SUMS = ("w", "r", "c", "y", "rr", "cc", "rc", "ry", "cy")
 
 
 class InflightClock:
-    """The integral of an engine's requests in flight over time: a request's mean in-flight count over
-    its attempt is (integral at its end - at its start) / its duration (itself included)."""
+    """Integrals over time of an engine's load: the requests in flight and the context tokens they hold.
+    A request's mean load over an interval is (integral at its end - at its start) / its length. The
+    engine reads its context tokens before and after each change (they grow as it decodes)."""
 
     def __init__(self) -> None:
         self.count = 0
-        self._integral = 0.0
+        self.tokens = 0.0
+        self._requests_integral = 0.0
+        self._tokens_integral = 0.0
         self._since_s = 0.0
 
     def change(self, now_s: float, delta: int) -> None:
         """`delta` requests enter (> 0) or leave (< 0) the engine at `now_s`."""
-        self._integral = self.integral(now_s)
-        self._since_s = now_s
+        self._requests_integral, self._tokens_integral = self.integrals(now_s)
+        self._since_s = max(self._since_s, now_s)
         self.count = max(0, self.count + delta)
 
-    def integral(self, now_s: float) -> float:
-        return self._integral + self.count * max(0.0, now_s - self._since_s)
+    def read_tokens(self, now_s: float, tokens: float) -> None:
+        """The context tokens held at `now_s`; between two readings they count as growing linearly."""
+        dt = max(0.0, now_s - self._since_s)
+        self._requests_integral += self.count * dt
+        self._tokens_integral += 0.5 * (self.tokens + tokens) * dt
+        self._since_s = max(self._since_s, now_s)
+        self.tokens = max(0.0, tokens)
+
+    def integrals(self, now_s: float) -> tuple[float, float]:
+        """(requests x seconds, context tokens x seconds) up to `now_s`."""
+        dt = max(0.0, now_s - self._since_s)
+        return self._requests_integral + self.count * dt, self._tokens_integral + self.tokens * dt
 
 
 @dataclass
 class DecodeFit:
-    """Seconds per generated token against the requests in flight on the engine (time-averaged over each
-    attempt), a token-weighted least-squares line y = a + c x: `batch_slowdown` = c / a is what one more
-    running request adds to a step, relative to a lone request's step (the sim engine's
-    `batch_slowdown`; a physics engine's batch compute and KV reads). The rollouter adds its finished
-    attempts over a version and reports the sums; the controller keeps them decayed per version."""
+    """Seconds per decoded token against the engine's load while the attempt decoded (its requests in
+    flight, r, and the context tokens they held, c; time averages), a token-weighted least-squares plane
+    y = a + b_r r + b_c c (the requests alone where the two move together). `load_cost` = (b_r r + b_c c)
+    / a at the mean load the tokens saw: the part of a step that grows with the engine's load (batch
+    compute, KV reads) over the part that does not, which is what spreading the same load over more
+    engines shrinks. The rollouter adds its finished attempts over a version and reports the sums; the
+    controller keeps them decayed per version."""
 
     w: float = 0.0
-    x: float = 0.0
+    r: float = 0.0
+    c: float = 0.0
     y: float = 0.0
-    xx: float = 0.0
-    xy: float = 0.0
+    rr: float = 0.0
+    cc: float = 0.0
+    rc: float = 0.0
+    ry: float = 0.0
+    cy: float = 0.0
 
-    def add(self, *, tokens: int, seconds: float, inflight: float) -> None:
+    def add(self, *, tokens: int, seconds: float, inflight: float, context: float = 0.0) -> None:
         """One finished attempt; one with no tokens, no time or no in-flight reading is left out."""
         if tokens <= 0 or seconds <= 0 or inflight <= 0:
             return
-        y = seconds / tokens
-        self.w += tokens
-        self.x += tokens * inflight
-        self.y += tokens * y
-        self.xx += tokens * inflight * inflight
-        self.xy += tokens * inflight * y
+        y, r, c = seconds / tokens, inflight, max(0.0, context)
+        for name, value in zip(FIT_SUMS, (1.0, r, c, y, r * r, c * c, r * c, r * y, c * y), strict=True):
+            setattr(self, name, getattr(self, name) + tokens * value)
 
     def add_decayed(self, other: DecodeFit) -> None:
         """Old sums weigh WINDOW_DECAY per newer batch (a version's), like the rates."""
-        for name in ("w", "x", "y", "xx", "xy"):
+        for name in FIT_SUMS:
             setattr(self, name, WINDOW_DECAY * getattr(self, name) + getattr(other, name))
 
     def to_metrics(self) -> dict[str, float]:
-        return {f"{DECODE_FIT_PREFIX}{name}": getattr(self, name) for name in ("w", "x", "y", "xx", "xy")}
+        return {f"{DECODE_FIT_PREFIX}{name}": getattr(self, name) for name in FIT_SUMS}
 
     @classmethod
     def from_metrics(cls, metrics: dict[str, float]) -> DecodeFit:
-        return cls(**{name: float(metrics.get(f"{DECODE_FIT_PREFIX}{name}", 0.0))
-                      for name in ("w", "x", "y", "xx", "xy")})
+        return cls(**{name: float(metrics.get(f"{DECODE_FIT_PREFIX}{name}", 0.0)) for name in FIT_SUMS})
 
     @property
     def mean_inflight(self) -> float:
-        return self.x / self.w if self.w > 0 else 0.0
+        return self.r / self.w if self.w > 0 else 0.0
 
     @property
-    def batch_slowdown(self) -> float:
-        """c / a of the fitted line; 0 with too little spread of in-flight counts or no positive slope."""
+    def load_cost(self) -> float:
+        """(b_r r + b_c c) / a at the mean load; 0 with too little spread of loads or no positive slope."""
         if self.w <= 0:
             return 0.0
-        mean_x, mean_y = self.x / self.w, self.y / self.w
-        var_x = self.xx / self.w - mean_x * mean_x
-        if var_x < MIN_INFLIGHT_SPREAD ** 2:
+        w = self.w
+        mean_r, mean_c, mean_y = self.r / w, self.c / w, self.y / w
+        var_r, var_c = self.rr / w - mean_r ** 2, self.cc / w - mean_c ** 2
+        cov_rc = self.rc / w - mean_r * mean_c
+        cov_ry, cov_cy = self.ry / w - mean_r * mean_y, self.cy / w - mean_c * mean_y
+        if var_r < MIN_INFLIGHT_SPREAD ** 2:
             return 0.0
-        slope = (self.xy / self.w - mean_x * mean_y) / var_x
-        if slope <= 0:
+        det = var_r * var_c - cov_rc ** 2
+        if var_c <= 0 or det <= (1 - COLLINEAR ** 2) * var_r * var_c:
+            slope_r, slope_c = cov_ry / var_r, 0.0
+        else:
+            slope_r = (cov_ry * var_c - cov_cy * cov_rc) / det
+            slope_c = (cov_cy * var_r - cov_ry * cov_rc) / det
+        load_s = slope_r * mean_r + slope_c * mean_c
+        fixed_s = mean_y - load_s
+        if load_s <= 0:
             return 0.0
-        intercept = mean_y - slope * mean_x
-        return MAX_BATCH_SLOWDOWN if intercept <= slope / MAX_BATCH_SLOWDOWN else slope / intercept
+        return MAX_LOAD_COST if fixed_s <= load_s / MAX_LOAD_COST else load_s / fixed_s
 
 
 class RateMeter:
@@ -247,14 +274,9 @@ class RateMeter:
         return max(0.0, self._hybrid_extra.value)
 
     @property
-    def decode_mean_inflight(self) -> float:
-        """Requests in flight averaged over the decoded tokens (0 until measured)."""
-        return self._decode.mean_inflight
-
-    @property
-    def decode_batch_slowdown(self) -> float:
-        """The engines' measured step growth per running request (0 until a fit has spread)."""
-        return self._decode.batch_slowdown
+    def decode_load_cost(self) -> float:
+        """The engines' step part that grows with their load over the fixed part (0 until measured)."""
+        return self._decode.load_cost
 
     def _close_segment(self, now_s: float) -> None:
         if self._segment_start_s is not None:

@@ -171,10 +171,10 @@ class SampleLifecycle:
             self.tracker.on_idle_start(now_s)
         return False
 
-    def on_attempt_finished(self, *, tokens: int, seconds: float, inflight: float) -> None:
-        """An attempt ran to its end (not aborted): `tokens` in `seconds` on an engine holding `inflight`
-        requests on average (itself included; 0 = the engine did not say)."""
-        self.decode.add(tokens=tokens, seconds=seconds, inflight=inflight)
+    def on_attempt_finished(self, *, tokens: int, seconds: float, inflight: float, context: float) -> None:
+        """An attempt ran to its end (not aborted): `tokens` decoded in `seconds` on an engine holding
+        `inflight` requests (itself included) and `context` tokens on average (0 = the engine did not say)."""
+        self.decode.add(tokens=tokens, seconds=seconds, inflight=inflight, context=context)
 
     def reset(self, *, version: int, mq_size: int, now_s: float) -> dict[str, float]:
         """`reset_staleness`: version `version` is live; returns the version's rollouter metrics."""

@@ -115,13 +115,12 @@ class DynamicScheduleContext:
     trainer_s_per_micro_step: float = 0.0
     """Seconds from a micro-step's samples being collected to the trainer's next handshake (training,
     ack, export), decayed average: what one micro-step's `required_samples` cost the trainer."""
-    decode_batch_slowdown: float = 0.0
-    """What one more running request adds to an engine's decode step, relative to a lone request's step
-    (measured: a line through the finished attempts' seconds per token against their requests in flight,
-    decayed per version; 0 = flat or not measured yet). Spreading requests over more engines pays by it."""
-    decode_mean_inflight: float = 0.0
-    """Requests in flight on an engine, averaged over the tokens it decoded (measured with the slowdown; 0 =
-    not measured): the batch the tokens really saw, below the nominal one where a long tail runs alone."""
+    decode_load_cost: float = 0.0
+    """The part of an engine's decode step that grows with its load (requests in flight, the context they
+    hold) over the part that does not, at the load its tokens saw on average (measured: core/measure.py's
+    DecodeFit over the finished attempts, decayed per version; 0 = flat or not measured yet). Spreading
+    the same load over more engines shrinks that part; the load the tokens saw is below the nominal one
+    where a long tail runs nearly alone."""
     last_switch_overhead_s: float = 0.0
     """Trainer seconds lost to this cycle's switches outside the two durations above: its offload
     before the hybrids woke and its onload after they slept (measured; cleared with them)."""
@@ -172,11 +171,11 @@ class DynamicScheduleContext:
         """Samples the hybrids add per sample the standalones produce alone. More requests in flight (the
         hybrids' own samples, up to the rollouter's max_required and each engine's running cap) produce
         more at the same speed (Little's law); and with the requests spread over more engines each engine
-        runs a smaller batch, so each request runs faster by (1 + a x) / (1 + a x r): a =
-        decode_batch_slowdown, x = decode_mean_inflight (the batch the tokens measured), r = the per-engine
-        load with the hybrids over without. 0 where the standalones already hold max_required and the step
-        is flat (lent GPUs would only spread the same requests); H / S (a hybrid as a standalone) when the
-        concurrency is not given."""
+        runs a smaller load, so each request runs faster by (1 + L) / (1 + L r): L = decode_load_cost,
+        r = the per-engine load with the hybrids over without (none where nothing carries over: the
+        version's samples all start at its sync, on the standalones, before the hybrids wake). 0 where the
+        standalones already hold max_required and the step is flat (lent GPUs would only spread the same
+        requests); H / S (a hybrid as a standalone) when the concurrency is not given."""
         hybrids, standalones = self.num_hybrid_replicas, self.num_standalone_replicas
         alone = self.running_requests(samples=self.standalone_samples_in_flight, replicas=standalones)
         if alone <= 0 or standalones <= 0 or self.samples_per_hybrid <= 0:
@@ -184,10 +183,8 @@ class DynamicScheduleContext:
         with_hybrids = self.running_requests(samples=self.samples_in_flight(hybrids=hybrids),
                                              replicas=standalones + hybrids)
         load_ratio = (with_hybrids / (standalones + hybrids)) / (alone / standalones)
-        # nothing carries over: the version's requests all start at its sync, before the hybrids join
-        spreads = self.carry_over_limit_samples > 0
-        batch_cost = self.decode_batch_slowdown * self.decode_mean_inflight if spreads else 0.0
-        speedup = (1.0 + batch_cost) / (1.0 + batch_cost * load_ratio)
+        load_cost = self.decode_load_cost if self.carry_over_limit_samples > 0 else 0.0
+        speedup = (1.0 + load_cost) / (1.0 + load_cost * load_ratio)
         return max(0.0, with_hybrids / alone * speedup - 1.0)
 
     @property

@@ -118,8 +118,10 @@ class GenerateResult:
     decode_tokens: int = 0
     """The tokens decoded in decode_time_s."""
     mean_inflight_requests: float = 0.0
-    """Requests the engine held on average over decode_time_s, this one included (0 = unknown): with the
-    two above, what the controller fits an engine's step against its batch from (core/measure.py)."""
+    """Requests the engine held on average over decode_time_s, this one included (0 = unknown)."""
+    mean_context_tokens: float = 0.0
+    """Context tokens (prompts and tokens so far) those requests held on average meanwhile: with the three
+    above, what the controller fits an engine's step against its load from (core/measure.py)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

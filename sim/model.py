@@ -110,7 +110,7 @@ class Request:
 
     __slots__ = ("request_id", "sample", "prompt_tokens", "target_tokens", "generated", "state",
                  "attempt", "join_v", "join_ctx", "replica", "attempts_total", "decode_started_s",
-                 "decode_generated", "decode_integral", "decode_s", "mean_inflight")
+                 "decode_generated", "decode_integrals", "decode_s", "mean_inflight", "mean_context")
 
     def __init__(self, request_id: str, sample: Sample, prompt_tokens: int, target_tokens: int) -> None:
         self.request_id = request_id
@@ -128,11 +128,12 @@ class Request:
         self.decode_started_s = -1.0
         """When the attempt first decoded (-1: not yet); its tokens and in-flight integral then."""
         self.decode_generated = 0.0
-        self.decode_integral = 0.0
+        self.decode_integrals = (0.0, 0.0)
         self.decode_s = 0.0
         """Set when the attempt finishes: its seconds from its first decode step, and the requests its
         replica held on average meanwhile (itself included): what an engine reports of its batch."""
         self.mean_inflight = 0.0
+        self.mean_context = 0.0
 
     @property
     def decode_tokens(self) -> int:
@@ -229,12 +230,13 @@ class Replica:
         if req.decode_started_s < 0:
             now_s = self.engine.now_s
             req.decode_started_s, req.decode_generated = now_s, req.generated
-            req.decode_integral = self.inflight_clock.integral(now_s)
+            req.decode_integrals = self.inflight_clock.integrals(now_s)
         self._k += req.join_ctx - self._v
         self._decoding_order[req.request_id] = req
         self._seq += 1
         heapq.heappush(self._heap, (self._v + req.target_tokens - req.generated, self._seq, req.attempt, req))
         self._decoding += 1
+        self._read_load()
         self._reschedule()
 
     def _step_s(self) -> float:
@@ -250,6 +252,12 @@ class Replica:
             self._v += dv
             self.tokens_decoded += dv * self._decoding
         self._t_last = now
+        self._read_load()
+
+    def _read_load(self) -> None:
+        """The context tokens the decoding requests hold, into the engine's load clock (before and after
+        every change: they grow with V between events)."""
+        self.inflight_clock.read_tokens(self.engine.now_s, self._context_tokens())
 
     def _time_to(self, dv: float) -> float:
         g = self.cfg.context_token_s * self._decoding / self.speed
@@ -287,8 +295,10 @@ class Replica:
             req.replica = None
             del self.inflight[req.request_id]
             req.decode_s = now_s - req.decode_started_s
-            integral = self.inflight_clock.integral(now_s) - req.decode_integral
-            req.mean_inflight = integral / req.decode_s if req.decode_s > 0 else self.inflight_clock.count
+            requests_s, context_s = self.inflight_clock.integrals(now_s)
+            elapsed_s = max(req.decode_s, 1e-12)
+            req.mean_inflight = (requests_s - req.decode_integrals[0]) / elapsed_s
+            req.mean_context = (context_s - req.decode_integrals[1]) / elapsed_s
         self.inflight_clock.change(now_s, -len(finished))
         if not finished and self._decoding > 1 and self._kv_full():
             self._preempt_newest()
@@ -307,6 +317,7 @@ class Replica:
         self._slots -= 1
         self._k -= req.join_ctx - req.join_v
         del self._decoding_order[req.request_id]
+        self._read_load()
 
     def _preempt_newest(self) -> None:
         """KV cache full: the newest decoding request gives its blocks back and waits to re-prefill
@@ -350,6 +361,7 @@ class Replica:
         self._decoding = 0
         self._k = 0.0
         self._prefilling_ctx = 0.0
+        self._read_load()
         self._prefill_free_s = self.engine.now_s
         self._epoch += 1
         self._update_busy()

@@ -104,7 +104,7 @@ class SimRollouter:
 
     def on_finish(self, replica: Replica, req: Request) -> None:
         self.lifecycle.on_attempt_finished(tokens=req.decode_tokens, seconds=req.decode_s,
-                                           inflight=req.mean_inflight)
+                                           inflight=req.mean_inflight, context=req.mean_context)
         self.lb.release(replica.replica_id)
         self.lb.forget(req.request_id)
         sample = req.sample

@@ -20,50 +20,73 @@ from sim.scenario import ReplicaTiming, load_scenario
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def linear_engine_fit(*, slowdown: float, batches: range, step_s: float = 0.01) -> DecodeFit:
+def engine_fit(*, per_request: float, per_context_token: float = 0.0,
+               loads: list[tuple[float, float]], step_s: float = 0.01) -> DecodeFit:
+    """Attempts of 100 tokens on an engine whose step is step_s (1 + per_request r + per_context_token c)."""
     fit = DecodeFit()
-    for batch in batches:
-        fit.add(tokens=100, seconds=100 * step_s * (1 + slowdown * batch), inflight=batch)
+    for requests, context in loads:
+        seconds = 100 * step_s * (1 + per_request * requests + per_context_token * context)
+        fit.add(tokens=100, seconds=seconds, inflight=requests, context=context)
     return fit
 
 
-def test_a_fit_over_several_batch_sizes_recovers_a_linear_engines_slowdown():
-    assert linear_engine_fit(slowdown=1 / 32, batches=range(1, 100)).batch_slowdown == pytest.approx(1 / 32)
+def test_a_fit_over_several_batch_sizes_recovers_a_linear_engines_load_cost():
+    # step = s (1 + r / 32), contexts of 500 tokens a request: at the mean batch 50, the load's part of a
+    # step is 50 / 32 of the fixed part
+    fit = engine_fit(per_request=1 / 32, loads=[(r, 500.0 * r) for r in range(1, 100)])
+    assert fit.mean_inflight == pytest.approx(50)
+    assert fit.load_cost == pytest.approx(50 / 32)
 
 
-def test_an_engine_seen_at_one_batch_size_or_with_a_flat_step_shows_no_slowdown():
-    assert linear_engine_fit(slowdown=1 / 32, batches=range(40, 41)).batch_slowdown == 0.0
-    assert linear_engine_fit(slowdown=0.0, batches=range(1, 100)).batch_slowdown == 0.0
-    assert DecodeFit().batch_slowdown == 0.0
+def test_a_step_that_grows_with_the_context_held_is_measured_even_where_the_tail_holds_long_contexts():
+    # KV reads: step = s (1 + c / 100,000). The requests' count alone misleads where few requests hold
+    # long contexts (the tail): at the same count the contexts differ, so the plane separates the two.
+    loads = [(r, r * per_request) for r in range(1, 100, 7) for per_request in (500.0, 2000.0, 8000.0)]
+    fit = engine_fit(per_request=0.0, per_context_token=1e-5, loads=loads)
+    mean_context = fit.c / fit.w
+    assert fit.load_cost == pytest.approx(1e-5 * mean_context)
+
+
+def test_an_engine_seen_at_one_batch_size_or_with_a_flat_step_shows_no_load_cost():
+    assert engine_fit(per_request=1 / 32, loads=[(40, 20_000.0)] * 5).load_cost == 0.0
+    assert engine_fit(per_request=0.0, loads=[(r, 500.0 * r) for r in range(1, 100)]).load_cost == 0.0
+    assert DecodeFit().load_cost == 0.0
 
 
 def test_attempts_without_tokens_time_or_batch_are_left_out_of_the_fit():
     fit = DecodeFit()
     fit.add(tokens=0, seconds=1.0, inflight=4)
     fit.add(tokens=10, seconds=0.0, inflight=4)
-    fit.add(tokens=10, seconds=1.0, inflight=0.0)  # an engine that did not report its batch
+    fit.add(tokens=10, seconds=1.0, inflight=0.0)  # an engine that did not report its load
     assert fit == DecodeFit()
 
 
 def test_the_rollouters_report_carries_the_fit_to_the_controller_which_keeps_it_across_versions():
-    fit = linear_engine_fit(slowdown=0.05, batches=range(1, 50))
+    fit = engine_fit(per_request=0.05, loads=[(r, 300.0 * r) for r in range(1, 50)])
     assert DecodeFit.from_metrics(fit.to_metrics()) == fit
     meter = RateMeter(num_standalone=2, num_hybrid=2)
     meter.record_decode_fit({})  # a report without the sums (an older rollouter) changes nothing
-    assert meter.decode_batch_slowdown == 0.0
+    assert meter.decode_load_cost == 0.0
     meter.record_decode_fit(fit.to_metrics())
-    meter.record_decode_fit(linear_engine_fit(slowdown=0.05, batches=range(20, 21)).to_metrics())
-    assert meter.decode_batch_slowdown == pytest.approx(0.05)
-    assert 1 < meter.decode_mean_inflight < 49
+    assert meter.decode_load_cost == pytest.approx(fit.load_cost)
+    meter.record_decode_fit(engine_fit(per_request=0.05, loads=[(40, 12_000.0)]).to_metrics())
+    assert 0.05 * 25 < meter.decode_load_cost < 0.05 * 40  # the newer version's load weighs more
 
 
-def test_the_inflight_clock_gives_the_mean_requests_an_engine_held_over_an_interval():
+def test_the_load_clock_gives_the_mean_requests_and_context_an_engine_held_over_an_interval():
     clock = InflightClock()
     clock.change(0.0, +1)
-    start = clock.integral(0.0)
+    clock.read_tokens(0.0, 100.0)
+    start = clock.integrals(0.0)
+    clock.read_tokens(1.0, 100.0)  # read before and after each change
     clock.change(1.0, +3)  # four from t=1 to t=3
+    clock.read_tokens(1.0, 400.0)
+    clock.read_tokens(3.0, 600.0)  # the context grew linearly from 400 to 600 tokens meanwhile
     clock.change(3.0, -3)
-    assert (clock.integral(4.0) - start) / 4.0 == pytest.approx((1 + 4 * 2 + 1) / 4.0)
+    clock.read_tokens(3.0, 150.0)
+    requests_s, context_s = clock.integrals(4.0)
+    assert (requests_s - start[0]) / 4.0 == pytest.approx((1 + 4 * 2 + 1) / 4.0)
+    assert (context_s - start[1]) / 4.0 == pytest.approx((100 + 500 * 2 + 150) / 4.0)
     assert clock.count == 1
 
 
@@ -98,17 +121,17 @@ def test_a_simulated_attempts_decode_time_leaves_its_prefill_out():
 def test_the_planner_measures_the_live_configs_engine_slowdown_from_its_own_attempts():
     sim = Simulation(load_scenario(CONFIGS / "sim_16_16_adaptive.yaml"))
     sim.run()
-    assert sim.core.ctx.decode_batch_slowdown == pytest.approx(1 / 32, rel=0.5)  # rollout.sim.batch_slowdown
-    assert sim.core.ctx.decode_mean_inflight > 1
+    fit = sim.executor.meter._decode
+    # rollout.sim.batch_slowdown 1/32: the load's part of a step at the mean batch the tokens saw
+    assert sim.core.ctx.decode_load_cost == pytest.approx(fit.mean_inflight / 32, rel=0.5)
 
 
-def gain_ctx(*, per_replica: int, staleness: float = 0.5, slowdown: float = 0.0,
-             mean_inflight: float = 0.0) -> DynamicScheduleContext:
+def gain_ctx(*, per_replica: int, staleness: float = 0.5, load_cost: float = 0.0) -> DynamicScheduleContext:
     """2 standalones + 2 hybrids, required 16 x trigger 4: max_required 96 at staleness 0.5."""
     return DynamicScheduleContext(required_samples=16, trigger_parameter_sync_step=4,
                                   staleness_threshold=staleness, num_standalone_replicas=2,
                                   num_hybrid_replicas=2, concurrent_samples_per_replica=per_replica,
-                                  decode_batch_slowdown=slowdown, decode_mean_inflight=mean_inflight)
+                                  decode_load_cost=load_cost)
 
 
 def test_at_a_flat_step_hybrids_add_production_as_they_add_requests_in_flight():
@@ -121,18 +144,17 @@ def test_at_a_flat_step_hybrids_add_production_as_they_add_requests_in_flight():
     assert fewer.hybrid_production_gain == pytest.approx(0.2)
 
 
-def test_spreading_the_same_requests_over_more_engines_pays_by_the_measured_slowdown():
-    # 96 samples on 2 engines -> 4: each engine's batch halves; a token seen at 48 in flight runs at
-    # (1 + 48/32) / (1 + 24/32) the speed
-    spread = gain_ctx(per_replica=48, slowdown=1 / 32, mean_inflight=48)
+def test_spreading_the_same_requests_over_more_engines_pays_by_the_measured_load_cost():
+    # 96 samples on 2 engines -> 4: each engine's load halves; with the load's part of a step 1.5 times
+    # the fixed part, a token runs (1 + 1.5) / (1 + 0.75) times as fast
+    spread = gain_ctx(per_replica=48, load_cost=1.5)
     assert spread.hybrid_production_gain == pytest.approx(2.5 / 1.75 - 1)
-    # a long tail decoded nearly alone (the tokens saw 4 in flight on average) gains little
-    tail = gain_ctx(per_replica=48, slowdown=1 / 32, mean_inflight=4)
-    assert 0 < tail.hybrid_production_gain < 0.1
+    # a long tail decoded nearly alone (a small load cost at the load its tokens saw) gains little
+    assert 0 < gain_ctx(per_replica=48, load_cost=0.1).hybrid_production_gain < 0.05
 
 
 def test_nothing_is_credited_for_spreading_where_nothing_carries_over_to_the_next_version():
     # staleness 0: the version's samples all start at its sync, on the standalones, before hybrids join
-    on_policy = gain_ctx(per_replica=48, staleness=0.0, slowdown=1 / 32, mean_inflight=48)
+    on_policy = gain_ctx(per_replica=48, staleness=0.0, load_cost=1.5)
     assert on_policy.carry_over_limit_samples == 0
     assert on_policy.hybrid_production_gain == 0.0

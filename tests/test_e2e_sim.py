@@ -274,6 +274,7 @@ async def test_the_engines_report_their_batch_and_decode_time_with_every_finishe
     assert len(measured) >= len(fits) - 1
     assert all(1.0 <= fit.mean_inflight <= stack.config.rollout.max_num_seqs for fit in measured)
     assert all(fit.y / fit.w > 0 for fit in measured)  # seconds per decoded token
+    assert all(fit.c / fit.w >= fit.mean_inflight for fit in measured)  # each request holds a token or more
 
 
 async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_requests_are_retried(

@@ -114,6 +114,8 @@ async def test_a_finished_generation_reports_its_decode_time_tokens_and_mean_bat
         assert 0 < timings["decode_s"] <= timings["generate_s"]  # the prefill and first token left out
         assert 0 < timings["decode_tokens"] < len(out.token_ids) == 24
         assert 1.0 <= timings["mean_inflight"] <= 4.0  # four generations shared the engine
+        # their prompts and tokens so far: at least this one's prompt, at most four full contexts
+        assert len(PROMPT) <= timings["mean_context"] <= 4 * (len(PROMPT) + 24)
 
 
 async def test_abort_returns_partial_tokens_that_resume_on_another_replica(engines, model_dirs) -> None:

@@ -22,8 +22,9 @@ class EngineOutput:
     """STOP, LENGTH, or ABORT (partial tokens; the engine was paused)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Optional, by name: "decode_s" (seconds from the first decoded token to the last), "decode_tokens"
-    (the tokens of that time) and "mean_inflight" (requests the engine held on average meanwhile, this one
-    included): what the controller fits the engine's step against its batch from (core/measure.py)."""
+    (the tokens of that time), "mean_inflight" (requests the engine held on average meanwhile, this one
+    included) and "mean_context" (the context tokens they held): what the controller fits the engine's
+    step against its load from (core/measure.py)."""
 
 
 class Engine(Protocol):

@@ -115,8 +115,9 @@ class SimEngine:
         if finish_reason is not FinishReason.ABORT and response > target:
             finish_reason = FinishReason.LENGTH
         num_tokens = max(0, int(req.generated + 1e-6) - generated_so_far)
-        timings = {"decode_s": req.decode_s * self.clock.time_scale, "decode_tokens": req.decode_tokens,
-                   "mean_inflight": req.mean_inflight} if finish_reason is not FinishReason.ABORT else {}
+        timings = {} if finish_reason is FinishReason.ABORT else {  # the replica's report (sim/model.py)
+            "decode_s": req.decode_s * self.clock.time_scale, "decode_tokens": req.decode_tokens,
+            "mean_inflight": req.mean_inflight, "mean_context": req.mean_context}
         # numpy, not a Python loop: thousands of tokens per response are CPU the services compete for
         rng = np.random.default_rng(zlib.crc32(f"{request_id}/{generated_so_far}".encode()) ^ self.seed)
         token_ids = rng.integers(3, VOCAB_SIZE, num_tokens).tolist()

@@ -111,8 +111,8 @@ class VllmEngine:
         """Last duration in seconds of start/abort/resume/sleep/wake/load_weights."""
         self._llm: Any = None
         self._inflight: set[str] = set()
-        self._inflight_clock = InflightClock()
-        """Requests in generate() over time: each output's mean batch (EngineOutput.timings)."""
+        self._load = InflightClock()
+        """Requests in generate() and the context tokens they hold, over time: each output's mean load."""
         self._push_open = False
         self._joined = False
         self._counter = itertools.count()
@@ -186,16 +186,17 @@ class VllmEngine:
         finish_reason = FinishReason.ABORT
         t0 = time.monotonic()
         self._inflight.add(vllm_id)
-        self._inflight_clock.change(t0, +1)
-        first: tuple[float, float, int] | None = None  # (time, in-flight integral, tokens): first output
+        self._load_changed(t0, requests=+1, tokens=len(prompt_token_ids))
+        first: tuple[float, tuple[float, float], int] | None = None  # (time, load integrals, tokens)
         try:
             stream = self._llm.generate({"prompt_token_ids": prompt_token_ids}, params, vllm_id)
             async for out in stream:
                 completion = out.outputs[0]
                 token_ids.extend(completion.token_ids)
+                now = time.monotonic()
+                self._load_changed(now, requests=0, tokens=len(completion.token_ids))
                 if first is None:
-                    now = time.monotonic()
-                    first = (now, self._inflight_clock.integral(now), len(token_ids))
+                    first = (now, self._load.integrals(now), len(token_ids))
                 for tok, lp in zip(completion.token_ids, completion.logprobs or [], strict=True):
                     logprobs.append(float(lp[tok].logprob))
                 if out.finished:
@@ -203,12 +204,17 @@ class VllmEngine:
         finally:
             self._inflight.discard(vllm_id)
             ended = time.monotonic()
-            timings = {"generate_s": ended - t0, **_decode_timings(first, ended, len(token_ids),
-                                                                   self._inflight_clock)}
-            self._inflight_clock.change(ended, -1)
+            timings = {"generate_s": ended - t0, **_decode_timings(first, ended, len(token_ids), self._load)}
+            self._load_changed(ended, requests=-1, tokens=-len(prompt_token_ids) - len(token_ids))
         assert len(logprobs) == len(token_ids), (vllm_id, len(logprobs), len(token_ids))
         return EngineOutput(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
                             timings=timings)
+
+    def _load_changed(self, now_s: float, *, requests: int, tokens: int) -> None:
+        """Requests and context tokens enter or leave the engine (read before and after the change)."""
+        self._load.read_tokens(now_s, self._load.tokens)
+        self._load.change(now_s, requests)
+        self._load.read_tokens(now_s, self._load.tokens + tokens)
 
     async def abort_all(self) -> None:
         """Pause in abort mode: in-flight generate() calls return partial tokens; paused until resume()."""
@@ -334,14 +340,17 @@ class VllmEngine:
         self.timings[f"transfer_{step}_s"] = time.monotonic() - t0
 
 
-def _decode_timings(first: tuple[float, float, int] | None, ended_s: float, num_tokens: int,
-                    clock: InflightClock) -> dict[str, float]:
+def _decode_timings(first: tuple[float, tuple[float, float], int] | None, ended_s: float, num_tokens: int,
+                    load: InflightClock) -> dict[str, float]:
     """EngineOutput.timings' decode part: from the first output (prefill and its token done) to the end."""
     if first is None or ended_s <= first[0] or num_tokens <= first[2]:
         return {}
-    started_s, integral, tokens = first
-    return {"decode_s": ended_s - started_s, "decode_tokens": num_tokens - tokens,
-            "mean_inflight": (clock.integral(ended_s) - integral) / (ended_s - started_s)}
+    started_s, (requests_s, context_s), tokens = first
+    now_requests_s, now_context_s = load.integrals(ended_s)
+    elapsed_s = ended_s - started_s
+    return {"decode_s": elapsed_s, "decode_tokens": num_tokens - tokens,
+            "mean_inflight": (now_requests_s - requests_s) / elapsed_s,
+            "mean_context": (now_context_s - context_s) / elapsed_s}
 
 
 def _finish_reason(vllm_reason: str | None) -> FinishReason:

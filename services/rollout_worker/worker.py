@@ -204,6 +204,7 @@ class RolloutWorker:
             generation_time_s=generation_time_s, decode_time_s=timings.get("decode_s", 0.0),
             decode_tokens=int(timings.get("decode_tokens", 0)),
             mean_inflight_requests=timings.get("mean_inflight", 0.0),
+            mean_context_tokens=timings.get("mean_context", 0.0),
         )
 
     async def _answer(self, sub: Subscription, entry_id: str, result: GenerateResult) -> None:

@@ -160,7 +160,8 @@ class Rollouter:
             return  # a duplicate of a sample already queued
         if result.finish_reason in FINISHED:
             self.lifecycle.on_attempt_finished(tokens=result.decode_tokens, seconds=result.decode_time_s,
-                                               inflight=result.mean_inflight_requests)
+                                               inflight=result.mean_inflight_requests,
+                                               context=result.mean_context_tokens)
         retry = progress.apply(result, partial_rollout=self.config.async_training.partial_rollout)
         if retry is not None:
             delay_s = self.config.rollout.retry_delay_s * self.config.run.time_scale
