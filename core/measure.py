@@ -116,8 +116,15 @@ class DecodeFit:
         if tokens <= 0 or seconds <= 0 or inflight <= 0:
             return
         y, r, c = seconds / tokens, inflight, max(0.0, context)
-        for name, value in zip(FIT_SUMS, (1.0, r, c, y, r * r, c * c, r * c, r * y, c * y), strict=True):
-            setattr(self, name, getattr(self, name) + tokens * value)
+        self.w += tokens
+        self.r += tokens * r
+        self.c += tokens * c
+        self.y += tokens * y
+        self.rr += tokens * r * r
+        self.cc += tokens * c * c
+        self.rc += tokens * r * c
+        self.ry += tokens * r * y
+        self.cy += tokens * c * y
 
     def add_decayed(self, other: DecodeFit) -> None:
         """Old sums weigh WINDOW_DECAY per newer batch (a version's), like the rates."""

@@ -38,7 +38,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from core.measure import InflightClock
 from shared.config import Config
 from sim.engine import Engine
 from sim.scenario import ReplicaTiming, WorkloadShape, engine_model
@@ -179,7 +178,11 @@ class Replica:
         self.tokens_decoded = 0.0
         self.tokens_prefilled = 0.0
         self.preemptions = 0
-        self.inflight_clock = InflightClock()
+        self._requests_s = 0.0
+        """Integrals of the load (requests in the replica, context tokens decoding requests hold) over
+        time, as an engine keeps them (core.measure.InflightClock): each attempt's mean load."""
+        self._context_s = 0.0
+        self._requests_since_s = 0.0
 
     # -- request lifecycle ---------------------------------------------------
 
@@ -187,8 +190,8 @@ class Replica:
         assert self.awake, f"request {req.request_id} routed to sleeping {self.replica_id}"
         req.replica = self
         req.state = WAITING
+        self._count_requests()
         self.inflight[req.request_id] = req
-        self.inflight_clock.change(self.engine.now_s, +1)
         req.decode_started_s = -1.0
         self._waiting.append(req)
         self._fill_slots()
@@ -230,13 +233,12 @@ class Replica:
         if req.decode_started_s < 0:
             now_s = self.engine.now_s
             req.decode_started_s, req.decode_generated = now_s, req.generated
-            req.decode_integrals = self.inflight_clock.integrals(now_s)
+            req.decode_integrals = self._load_integrals()
         self._k += req.join_ctx - self._v
         self._decoding_order[req.request_id] = req
         self._seq += 1
         heapq.heappush(self._heap, (self._v + req.target_tokens - req.generated, self._seq, req.attempt, req))
         self._decoding += 1
-        self._read_load()
         self._reschedule()
 
     def _step_s(self) -> float:
@@ -249,15 +251,22 @@ class Replica:
             s0 = self._step_s()
             g = self.cfg.context_token_s * self._decoding / self.speed
             dv = dt / s0 if g == 0.0 else 2.0 * dt / (s0 + math.sqrt(s0 * s0 + 2.0 * g * dt))
+            # the context held, C = K + b V, grows linearly in V: its mean over dt is at V + dv / 2
+            self._context_s += (self._k + self._decoding * (self._v + 0.5 * dv)) * dt
             self._v += dv
             self.tokens_decoded += dv * self._decoding
         self._t_last = now
-        self._read_load()
 
-    def _read_load(self) -> None:
-        """The context tokens the decoding requests hold, into the engine's load clock (before and after
-        every change: they grow with V between events)."""
-        self.inflight_clock.read_tokens(self.engine.now_s, self._context_tokens())
+    def _count_requests(self) -> None:
+        """Before the requests in the replica change: their integral up to now."""
+        now = self.engine.now_s
+        self._requests_s += len(self.inflight) * (now - self._requests_since_s)
+        self._requests_since_s = now
+
+    def _load_integrals(self) -> tuple[float, float]:
+        """(requests x seconds, context tokens x seconds) up to now; call right after `_advance`."""
+        self._count_requests()
+        return self._requests_s, self._context_s
 
     def _time_to(self, dv: float) -> float:
         g = self.cfg.context_token_s * self._decoding / self.speed
@@ -288,6 +297,7 @@ class Replica:
                 continue
             finished.append(req)
         now_s = self.engine.now_s
+        requests_s, context_s = self._load_integrals() if finished else (0.0, 0.0)
         for req in finished:
             self._leave_decode(req)
             req.generated = float(req.target_tokens)
@@ -295,11 +305,9 @@ class Replica:
             req.replica = None
             del self.inflight[req.request_id]
             req.decode_s = now_s - req.decode_started_s
-            requests_s, context_s = self.inflight_clock.integrals(now_s)
             elapsed_s = max(req.decode_s, 1e-12)
             req.mean_inflight = (requests_s - req.decode_integrals[0]) / elapsed_s
             req.mean_context = (context_s - req.decode_integrals[1]) / elapsed_s
-        self.inflight_clock.change(now_s, -len(finished))
         if not finished and self._decoding > 1 and self._kv_full():
             self._preempt_newest()
         self._fill_slots()
@@ -317,7 +325,6 @@ class Replica:
         self._slots -= 1
         self._k -= req.join_ctx - req.join_v
         del self._decoding_order[req.request_id]
-        self._read_load()
 
     def _preempt_newest(self) -> None:
         """KV cache full: the newest decoding request gives its blocks back and waits to re-prefill
@@ -352,7 +359,7 @@ class Replica:
             req.attempt += 1
             req.state = WAITING
             req.replica = None
-        self.inflight_clock.change(self.engine.now_s, -len(aborted))
+        self._count_requests()
         self.inflight.clear()
         self._waiting.clear()
         self._heap.clear()
@@ -361,7 +368,6 @@ class Replica:
         self._decoding = 0
         self._k = 0.0
         self._prefilling_ctx = 0.0
-        self._read_load()
         self._prefill_free_s = self.engine.now_s
         self._epoch += 1
         self._update_busy()
