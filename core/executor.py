@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from core import controller as cc
+from core import metrics as M
 from core.controller import ControllerCore, Mode
 from core.executor_ops import (  # noqa: F401  (re-exported: drivers and tests use core.executor's names)
     AcquireTrainer,
@@ -95,11 +96,14 @@ class ExecutionReport:
     activated: bool = False
     rollouter_report: dict[str, float] = field(default_factory=dict)
     """The rollouter's metrics of the closed version (RolloutReport.metrics)."""
+    decode_load_cost: float = 0.0
+    """The engines' load cost the controller measured, with that report (core/measure.py)."""
 
     def cycle_metrics(self) -> dict[str, float]:
         """The sync's contribution to its cycle's metrics (the rollouter's report included)."""
         return {
             **{k: float(v) for k, v in self.rollouter_report.items()},
+            M.DECODE_LOAD_COST: self.decode_load_cost,
             "timing_s/activate": self.switch_s if self.activated else 0.0,
             "timing_s/standalone_sync": self.standalone_sync_s,
             "timing_s/trainer_release": self.trainer_release_s,
@@ -299,6 +303,7 @@ class ExecutorCore:
         elif isinstance(command, cc.ResetStaleness):
             report.rollouter_report = yield ResetRollouter(version=command.version)
             self.meter.record_decode_fit(report.rollouter_report or {})
+            report.decode_load_cost = self.meter.decode_load_cost
         else:  # pragma: no cover - a new command kind needs a branch here
             raise AssertionError(f"unhandled command {command!r}")
 

@@ -49,6 +49,8 @@ MAX_QUEUE_SIZE = "fully_async/static/max_queue_size"
 STALENESS_THRESHOLD = "fully_async/static/staleness_threshold"
 # Beyond the seed: how old the trained data is (the planner's `lag v.`, sim.result.SimResult.mean_sample_lag).
 SAMPLE_LAG_MEAN = "dynsched/trainer/sample_lag_versions_mean"
+# Beyond the seed: the engines' step against their load as the controller fitted it (core/measure.py).
+DECODE_LOAD_COST = "dynsched/controller/decode_load_cost"
 
 LAST_KEYS = frozenset(
     {

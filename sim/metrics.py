@@ -60,6 +60,7 @@ class CycleMetrics:
                 "fully_async/rollouter/step_generated_samples", 0.0),
             "sim/mq_peak": last.get("sim/mq_peak", 0.0),
             "dynamic_schedule/activated": last.get("activated", 0.0),
+            cm.DECODE_LOAD_COST: last.get(cm.DECODE_LOAD_COST, 0.0),
             "dynamic_schedule/deactivate_ratio": deactivate_ratio,
         }
         return out

@@ -25,6 +25,7 @@ from core import executor as ex
 from core import trainer_cycle as tc
 from core.build import build_controller_core, build_executor_core
 from core.flow import FlowLimits
+from core.metrics import DECODE_LOAD_COST
 from shared.names import AccountingField as A
 from shared.schema import AuditKind, CommandAction, TrainerEvent, TrainerPhase, WeightSyncReport
 from shared.vocab import LaneState
@@ -339,6 +340,7 @@ class Simulation:
         if synced:
             report = self.executor.last_report
             record.update(report.rollouter_report)
+            record[DECODE_LOAD_COST] = report.decode_load_cost
             record["activated"] = float(report.activated)
         self.metrics.add_micro_step(record)
         if synced:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from core.measure import DecodeFit, InflightClock, RateMeter
+from core.metrics import DECODE_LOAD_COST
 from policies import DynamicScheduleContext
 from sim.engine import Engine
 from sim.model import Replica, Request, Sample
@@ -120,10 +121,11 @@ def test_a_simulated_attempts_decode_time_leaves_its_prefill_out():
 
 def test_the_planner_measures_the_live_configs_engine_slowdown_from_its_own_attempts():
     sim = Simulation(load_scenario(CONFIGS / "sim_16_16_adaptive.yaml"))
-    sim.run()
+    result = sim.run()
     fit = sim.executor.meter._decode
     # rollout.sim.batch_slowdown 1/32: the load's part of a step at the mean batch the tokens saw
     assert sim.core.ctx.decode_load_cost == pytest.approx(fit.mean_inflight / 32, rel=0.5)
+    assert result.cycles[-1][DECODE_LOAD_COST] > 0  # reported with the cycle's metrics
 
 
 def gain_ctx(*, per_replica: int, staleness: float = 0.5, load_cost: float = 0.0) -> DynamicScheduleContext:

@@ -14,6 +14,7 @@ import yaml
 
 from core import controller as cc
 from core.measure import DecodeFit
+from core.metrics import DECODE_LOAD_COST
 from services.controller.admin import PrometheusExporter, build_app
 from services.launcher import LOST
 from shared.config import config_to_dict
@@ -275,6 +276,7 @@ async def test_the_engines_report_their_batch_and_decode_time_with_every_finishe
     assert all(1.0 <= fit.mean_inflight <= stack.config.rollout.max_num_seqs for fit in measured)
     assert all(fit.y / fit.w > 0 for fit in measured)  # seconds per decoded token
     assert all(fit.c / fit.w >= fit.mean_inflight for fit in measured)  # each request holds a token or more
+    assert all(m[DECODE_LOAD_COST] >= 0 for m in cycles)  # what the controller fitted, for a dashboard
 
 
 async def test_a_worker_that_dies_for_good_is_routed_around_and_its_stranded_requests_are_retried(
