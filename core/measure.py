@@ -9,9 +9,10 @@ arrive. The executor hands the results to `ControllerCore.record_measurements`, 
 them in the policy's context. Nothing here reads the future: every number comes from
 readings already taken when a decision is made.
 
-The engines' step against their batch: every finished attempt's decode seconds, decoded tokens and the
-requests its engine held meanwhile (`InflightClock`, kept by each engine) reach the rollouter, which sums
-them per version (`DecodeFit`) into its reset report; the meter keeps those sums decayed per version.
+The engines' step against their load: every finished attempt's decode seconds, decoded tokens, and the
+requests and context tokens its engine held meanwhile (`InflightClock` in the vLLM engine, inline in the
+simulated replica) reach the rollouter, which sums them per version (`DecodeFit`) into its reset report;
+the meter keeps those sums decayed per version.
 
 Windows: the time between two progress readings is one window. A window in which no hybrid
 served measures the standalones; a window in which hybrids served measures the hybrids' extra
@@ -60,9 +61,10 @@ FIT_SUMS = ("w", "r", "c", "y", "rr", "cc", "rc", "ry", "cy")
 
 
 class InflightClock:
-    """Integrals over time of an engine's load: the requests in flight and the context tokens they hold.
-    A request's mean load over an interval is (integral at its end - at its start) / its length. The
-    engine reads its context tokens before and after each change (they grow as it decodes)."""
+    """Integrals over time of an engine's load, held between changes: the requests in flight and the
+    context tokens they hold. A request's mean load over an interval is (integral at its end - at its
+    start) / its length. (The simulated replica keeps the same integrals inline, its context growing
+    linearly between events: sim/model.py.)"""
 
     def __init__(self) -> None:
         self.count = 0
@@ -71,19 +73,12 @@ class InflightClock:
         self._tokens_integral = 0.0
         self._since_s = 0.0
 
-    def change(self, now_s: float, delta: int) -> None:
-        """`delta` requests enter (> 0) or leave (< 0) the engine at `now_s`."""
+    def change(self, now_s: float, *, requests: int = 0, tokens: float = 0.0) -> None:
+        """Requests and context tokens enter (> 0) or leave (< 0) the engine at `now_s`."""
         self._requests_integral, self._tokens_integral = self.integrals(now_s)
         self._since_s = max(self._since_s, now_s)
-        self.count = max(0, self.count + delta)
-
-    def read_tokens(self, now_s: float, tokens: float) -> None:
-        """The context tokens held at `now_s`; between two readings they count as growing linearly."""
-        dt = max(0.0, now_s - self._since_s)
-        self._requests_integral += self.count * dt
-        self._tokens_integral += 0.5 * (self.tokens + tokens) * dt
-        self._since_s = max(self._since_s, now_s)
-        self.tokens = max(0.0, tokens)
+        self.count = max(0, self.count + requests)
+        self.tokens = max(0.0, self.tokens + tokens)
 
     def integrals(self, now_s: float) -> tuple[float, float]:
         """(requests x seconds, context tokens x seconds) up to `now_s`."""

@@ -106,7 +106,7 @@ class SampleLifecycle:
         self.version = 0
         self.idle = False
         self.decode = DecodeFit()
-        """The version's finished attempts: seconds per token against requests in flight (core/measure.py)."""
+        """The version's finished attempts: seconds per token against the engine's load (core/measure.py)."""
 
     # ---- restart ----
 

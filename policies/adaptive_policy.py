@@ -348,8 +348,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         unfinished at a deactivation completes on a standalone, so a window's rate under-counts it);
         before a cycle closed, the standalones' window rate; P_h what the hybrids would add to it."""
         per_replica = ctx.samples_per_replica_s or ctx.standalone_samples_per_replica_s
-        return per_replica * ctx.num_standalone_replicas, per_replica * ctx.num_standalone_replicas * (
-            ctx.hybrid_production_gain)
+        standalone_rate = per_replica * ctx.num_standalone_replicas
+        return standalone_rate, standalone_rate * ctx.hybrid_production_gain
 
     @staticmethod
     def _fill_rate(ctx: DynamicScheduleContext) -> float:

@@ -76,19 +76,15 @@ def test_the_rollouters_report_carries_the_fit_to_the_controller_which_keeps_it_
 
 def test_the_load_clock_gives_the_mean_requests_and_context_an_engine_held_over_an_interval():
     clock = InflightClock()
-    clock.change(0.0, +1)
-    clock.read_tokens(0.0, 100.0)
+    clock.change(0.0, requests=1, tokens=100)
     start = clock.integrals(0.0)
-    clock.read_tokens(1.0, 100.0)  # read before and after each change
-    clock.change(1.0, +3)  # four from t=1 to t=3
-    clock.read_tokens(1.0, 400.0)
-    clock.read_tokens(3.0, 600.0)  # the context grew linearly from 400 to 600 tokens meanwhile
-    clock.change(3.0, -3)
-    clock.read_tokens(3.0, 150.0)
+    clock.change(1.0, requests=3, tokens=300)  # four, holding 400 tokens, from t=1 to t=3
+    clock.change(2.0, tokens=200)  # they decoded 200 more at t=2
+    clock.change(3.0, requests=-3, tokens=-450)
     requests_s, context_s = clock.integrals(4.0)
     assert (requests_s - start[0]) / 4.0 == pytest.approx((1 + 4 * 2 + 1) / 4.0)
-    assert (context_s - start[1]) / 4.0 == pytest.approx((100 + 500 * 2 + 150) / 4.0)
-    assert clock.count == 1
+    assert (context_s - start[1]) / 4.0 == pytest.approx((100 + 400 + 600 + 150) / 4.0)
+    assert clock.count == 1 and clock.tokens == 150
 
 
 def run_replica(*, requests: int, prefill_tokens_per_s: float) -> tuple[Engine, list[Request]]:

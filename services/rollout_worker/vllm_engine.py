@@ -186,7 +186,7 @@ class VllmEngine:
         finish_reason = FinishReason.ABORT
         t0 = time.monotonic()
         self._inflight.add(vllm_id)
-        self._load_changed(t0, requests=+1, tokens=len(prompt_token_ids))
+        self._load.change(t0, requests=+1, tokens=len(prompt_token_ids))
         first: tuple[float, tuple[float, float], int] | None = None  # (time, load integrals, tokens)
         try:
             stream = self._llm.generate({"prompt_token_ids": prompt_token_ids}, params, vllm_id)
@@ -194,7 +194,7 @@ class VllmEngine:
                 completion = out.outputs[0]
                 token_ids.extend(completion.token_ids)
                 now = time.monotonic()
-                self._load_changed(now, requests=0, tokens=len(completion.token_ids))
+                self._load.change(now, tokens=len(completion.token_ids))
                 if first is None:
                     first = (now, self._load.integrals(now), len(token_ids))
                 for tok, lp in zip(completion.token_ids, completion.logprobs or [], strict=True):
@@ -205,16 +205,10 @@ class VllmEngine:
             self._inflight.discard(vllm_id)
             ended = time.monotonic()
             timings = {"generate_s": ended - t0, **_decode_timings(first, ended, len(token_ids), self._load)}
-            self._load_changed(ended, requests=-1, tokens=-len(prompt_token_ids) - len(token_ids))
+            self._load.change(ended, requests=-1, tokens=-len(prompt_token_ids) - len(token_ids))
         assert len(logprobs) == len(token_ids), (vllm_id, len(logprobs), len(token_ids))
         return EngineOutput(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
                             timings=timings)
-
-    def _load_changed(self, now_s: float, *, requests: int, tokens: int) -> None:
-        """Requests and context tokens enter or leave the engine (read before and after the change)."""
-        self._load.read_tokens(now_s, self._load.tokens)
-        self._load.change(now_s, requests)
-        self._load.read_tokens(now_s, self._load.tokens + tokens)
 
     async def abort_all(self) -> None:
         """Pause in abort mode: in-flight generate() calls return partial tokens; paused until resume()."""
