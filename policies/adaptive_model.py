@@ -25,6 +25,19 @@ def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int,
     return idle
 
 
+def in_flight_credit_rate(*, pooled: float, fill_rate: float, serving_rate: float, load_cost: float) -> float:
+    """Samples/s of a hybrid window's work still in flight at its deactivation, finished on the standalones
+    after it. `pooled` (P_s + P_h) is what the model says the replicas produce while the hybrids serve and
+    `fill_rate` what the queue measured gaining: their difference is credited whole (as before session 28).
+    `serving_rate` is every serving replica at the per-replica rate pooled over whole cycles: work is
+    conserved, so what it holds beyond `pooled` is progress the hybrids made on samples the standalones
+    would have run anyway (the rollouter at its staleness cap), handed over as extra load. An engine whose
+    step grows with its load (`load_cost` L, measured) finishes extra load at its marginal rate, 1 / (1 + L)
+    of its average (step a + b n: d(n / step) / dn = a / step^2), so that part is credited at that rate."""
+    beyond = max(0.0, serving_rate - pooled) / (1.0 + max(0.0, load_cost))
+    return max(0.0, pooled - fill_rate) + beyond
+
+
 def pool_wait(pooled: list[float], *, samples: int, seconds: float, weight: float) -> list[float]:
     """[samples, seconds] decayed by `weight` with one more wait added (unchanged for an empty wait)."""
     if samples <= 0 or seconds <= 0:

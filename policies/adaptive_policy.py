@@ -25,7 +25,8 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   the hybrids add, and the standalones' requests spread over more engines at the measured step-vs-batch;
   0 where neither pays: it then never activates); the queue fills during the window at the rate
   measured in the hybrid windows (slower: a window is short against a sample's
-  latency), and what the pooled rate produced beyond it is credited after the switch. The static
+  latency); the window's work still in flight at the deactivation is credited after the switch
+  (`adaptive_model.in_flight_credit_rate`: beyond P_s + P_h at the engines' marginal rate). The static
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
   the queue filling right after the sync with the standalones alone, the hybrid window's counterpart
   (samples in flight at the sync finish at their own pace, not at the cycle's average rate).
@@ -69,6 +70,7 @@ from policies.adaptive_model import (
     corrections_standard_error,
     cycle_idle_s,
     first_or_ewma,
+    in_flight_credit_rate,
     pool_wait,
     pooled_rate,
     robust_moving_mean_var,
@@ -259,7 +261,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "standalone_samples_per_s": round(standalone_rate, 4),
             "first_wait_samples_per_s": round(first_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
-            "fill_samples_per_s": round(self._fill_rate(ctx), 4),
+            "fill_samples_per_s": round(ctx.hybrid_window_samples_per_s, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
             "switch_cost_s": round(self.switch_cost_s(ctx), 3), "static_idle_s": round(static_idle, 3),
             "min_gain_s": round(min_gain_s, 3),
@@ -351,12 +353,6 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         standalone_rate = per_replica * ctx.num_standalone_replicas
         return standalone_rate, standalone_rate * ctx.hybrid_production_gain
 
-    @staticmethod
-    def _fill_rate(ctx: DynamicScheduleContext) -> float:
-        """Samples/s the queue gained while hybrids served (the windows' measured rates; 0 if unmeasured):
-        slower than the pooled rate, since a window is short against a sample's latency."""
-        return ctx.hybrid_window_samples_per_s
-
     def _best_wait(self, ctx: DynamicScheduleContext) -> tuple[int, float]:
         """(X, dynamic_idle(X)) minimising the predicted idle over X in [required, step_required]."""
         best = (ctx.required_samples, float("inf"))
@@ -368,17 +364,21 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def _dynamic_idle(self, ctx: DynamicScheduleContext, *, wait: int) -> float:
         """Trainer idle of a cycle with hybrids lent until `wait` samples are queued: the queue fills at
-        the measured window rate F; what the replicas produce at the pooled rate beyond F in that time is
-        work in flight (a hybrid's is resumed on a standalone) and is credited after the switch."""
+        the windows' measured rate F (0: unmeasured; slower than the pooled rate, a window being short
+        against a sample's latency); the replicas' work beyond F in that time is in flight (a hybrid's is
+        resumed on a standalone) and is credited after the switch (`in_flight_credit_rate`)."""
         standalone_rate, hybrid_rate = self._rates(ctx)
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
             return float("inf")
         pooled = standalone_rate + hybrid_rate
-        fill_rate = min(pooled, self._fill_rate(ctx) or pooled)
+        fill_rate = min(pooled, ctx.hybrid_window_samples_per_s or pooled)
         surplus = max(0, ctx.queued_samples)
         switch_s = self.switch_cost_s(ctx)
         fill_s = max(0, wait - surplus) / fill_rate
-        queued = max(wait, surplus) + standalone_rate * switch_s + (pooled - fill_rate) * fill_s
+        serving_rate = ctx.samples_per_replica_s * (ctx.num_standalone_replicas + ctx.num_hybrid_replicas)
+        credit = in_flight_credit_rate(pooled=pooled, fill_rate=fill_rate, serving_rate=serving_rate,
+                                       load_cost=ctx.decode_load_cost)
+        queued = max(wait, surplus) + standalone_rate * switch_s + credit * fill_s
         return fill_s + switch_s + cycle_idle_s(
             queued=queued, rate=standalone_rate, required=ctx.required_samples,
             micro_steps=ctx.trigger_parameter_sync_step, train_s=ctx.trainer_s_per_micro_step)

@@ -8,7 +8,12 @@ import pytest
 
 from core.measure import RateMeter
 from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
-from policies.adaptive_model import moving_mean_var, robust_moving_mean_var, standard_error
+from policies.adaptive_model import (
+    in_flight_credit_rate,
+    moving_mean_var,
+    robust_moving_mean_var,
+    standard_error,
+)
 from policies.adaptive_policy import FIRST_STAY_AFTER, RETRY_EVERY, RETRY_MAX, cycle_idle_s
 
 
@@ -184,6 +189,35 @@ def test_fast_hybrid_windows_may_keep_the_hybrids_past_the_carry_over_limit():
     assert policy.should_activate_after_step(8, False, ctx) is True
     wait = policy.deactivate_wait_samples(ctx)
     assert ctx.required_samples < wait <= ctx.step_required_samples
+
+
+def test_window_work_beyond_the_modelled_production_is_credited_at_the_engines_marginal_rate():
+    # the model's own excess over the queue's fill is credited whole; the serving replicas' work beyond
+    # the model (progress on samples the standalones would have run anyway) at 1 / (1 + load cost)
+    def credit(serving_rate: float, load_cost: float, fill_rate: float = 0.8) -> float:
+        return in_flight_credit_rate(pooled=1.0, fill_rate=fill_rate, serving_rate=serving_rate,
+                                     load_cost=load_cost)
+
+    assert credit(1.6, load_cost=0.0) == pytest.approx(0.2 + 0.6)
+    assert credit(1.6, load_cost=1.0) == pytest.approx(0.2 + 0.3)  # a step twice its fixed part
+    assert credit(0.6, load_cost=0.0, fill_rate=1.0) == 0.0  # nothing beyond the model, nothing in flight
+
+
+def test_a_window_whose_replicas_worked_beyond_the_modelled_production_ends_sooner():
+    # the standalones alone hold 64 of max_required 96: the hybrids add half as much again (P_h = P_s / 2),
+    # yet all four replicas worked at the pooled per-replica rate; what they left in flight finishes on
+    # the standalones after the switch, so fewer samples need to be queued before it
+    def planned_wait(pooled_per_replica_s: float) -> int:
+        ctx = production_bound(surplus=0, concurrent_samples_per_replica=32, trainer_s_per_micro_step=4.0,
+                               samples_per_replica_s=pooled_per_replica_s,
+                               standalone_samples_per_replica_s=0.75, hybrid_window_samples_per_s=1.5)
+        policy = make_adaptive()
+        assert policy.should_activate_after_step(8, False, ctx) is True
+        return policy.deactivate_wait_samples(ctx)
+
+    unmeasured = planned_wait(0.0)  # no whole cycle measured: P_s from the standalones' windows alone
+    measured = planned_wait(0.75)  # the same P_s, and every serving replica's work measured
+    assert (unmeasured, measured) == (22, 17)
 
 
 def test_a_consumption_bound_cycle_never_activates():
