@@ -38,6 +38,11 @@ def in_flight_credit_rate(*, pooled: float, fill_rate: float, serving_rate: floa
     return max(0.0, pooled - fill_rate) + beyond
 
 
+def queue_level(queued: int, *, required: int, levels: int) -> int:
+    """How many micro-steps a queue of `queued` samples can feed, capped at `levels` - 1."""
+    return min(levels - 1, max(0, queued) // required)
+
+
 def pool_wait(pooled: list[float], *, samples: int, seconds: float, weight: float) -> list[float]:
     """[samples, seconds] decayed by `weight` with one more wait added (unchanged for an empty wait)."""
     if samples <= 0 or seconds <= 0:

@@ -15,10 +15,6 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   the standalones keep producing, then trains the cycle at P_s. `dynamic_idle(X)` = its waits plus
   the switch.
 - X ranges over [required, step_required]: the hybrids may serve until the whole cycle is queued.
-  (Until session 24 X was capped at the carry-over limit, max_required - step_required, since past it
-  the wait is for samples started in this version, a latency lent replicas barely shorten; but where
-  production, not latency, is what the trainer waits for, the cap kept windows too short, and where
-  latency binds, the measured corrections below catch the fluid model's optimism.)
 - Rates: P_s is the per-replica rate pooled over whole sync cycles (it credits a hybrid's work
   finished on a standalone after the deactivation; the seconds the rollouter sat idle at its staleness
   limit are left out, core/measure.py); P_h = P_s x `ctx.hybrid_production_gain` (the requests in flight
@@ -43,11 +39,12 @@ waiting for one very long response) counts as that far, and its first wait is no
 measured yet takes no stay correction from another level, and the least activation error measured at the
 other levels (`adaptive_model.level_correction`), but not a negative one before a static cycle was measured
 (`applied_corrections`); a correction measured once counts its own size as its spread
-(`corrections_standard_error`). A model whose switches measured worse than predicted
-falls back to static behaviour, and re-measures one switch after RETRY_EVERY cycles kept asleep only by
-that correction (twice as many after each re-measure, up to RETRY_MAX); symmetrically, after
-FIRST_STAY_AFTER (then RETRY_EVERY) activations in a row it stays asleep once, so the static prediction
-is measured too. It never activates when the queue already holds the planned X (no window to fill).
+(`corrections_standard_error`). A model whose switches measured worse than predicted falls back to static
+behaviour, and re-measures one switch after RETRY_EVERY cycles kept asleep only by that correction (twice
+as many after each re-measure, up to RETRY_MAX); symmetrically, after FIRST_STAY_AFTER (then RETRY_EVERY,
+twice as many after each check the next decision overrules, up to RETRY_MAX) activations in a row it stays
+asleep once, so the static prediction is measured too. It never activates when the queue already holds the
+planned X (no window to fill).
 
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
@@ -73,6 +70,7 @@ from policies.adaptive_model import (
     in_flight_credit_rate,
     pool_wait,
     pooled_rate,
+    queue_level,
     robust_moving_mean_var,
 )
 from policies.adaptive_rebalance import choose_rebalance, credit_fill_rate, new_fill_rates
@@ -107,7 +105,8 @@ way: after this many activations in a row, one cycle stays asleep, so the static
 against is measured too."""
 RETRY_MAX = 64
 """Each re-measuring switch doubles the wait before the next, up to this many cycles, until an activation
-on the model's merit resets it: on a workload that does not drift every re-measure loses a switch."""
+on the model's merit resets it: on a workload that does not drift every re-measure loses a switch. So
+with the static checks: one the next decision overrules doubles `stay_after`, one it confirms resets it."""
 FIRST_STAY_AFTER = 4
 """Activations in a row after which the first cycle stays asleep to measure the static cycle, while no
 static cycle has been measured (a static prediction never checked can keep a useless switch going)."""
@@ -156,13 +155,17 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         queue filling right after the sync with the standalones alone: the hybrid window's counterpart);
         their ratio is used once they hold a micro-step's worth of samples (`adaptive_model.pooled_rate`)."""
         self.predicted_level = 0
-        """The queue level (`_queue_level`) the last decision was taken at."""
+        """The queue level (`adaptive_model.queue_level`) the last decision was taken at."""
         self.stays_by_bias = 0
         """Consecutive cycles kept asleep only by the measured error (the uncorrected model said activate)."""
         self.retry_after = RETRY_EVERY
         """Cycles kept asleep by the error before the next re-measuring switch (RETRY_EVERY to RETRY_MAX)."""
         self.activations_in_row = 0
         """Consecutive cycles the policy activated (a stay to measure the static cycle resets it)."""
+        self.stay_after = RETRY_EVERY
+        """Activations in a row before the next static check, once a static cycle was measured."""
+        self.static_check_pending = False
+        """The last decision was a static check: the next one overrules or confirms it."""
         self.last_decision: dict[str, Any] = {}
 
     def should_deactivate(
@@ -214,7 +217,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                          "step and the standalones alone hold fewer than max_required",
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
-        level = _queue_level(ctx)
+        level = queue_level(ctx.queued_samples, required=ctx.required_samples, levels=QUEUE_LEVELS)
         first_rate = pooled_rate(self.static_first_fill, min_samples=ctx.required_samples)
         static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
                                    first_rate=first_rate, required=ctx.required_samples,
@@ -244,9 +247,13 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if activate:
             self.stays_by_bias = 0
             self.activations_in_row += 1
-            limit = RETRY_EVERY if self.idle_bias_cycles["stay"] else FIRST_STAY_AFTER
+            limit = self.stay_after if self.idle_bias_cycles["stay"] else FIRST_STAY_AFTER
             if self.activations_in_row > limit:
                 activate, why = False, f"re-measuring the static cycle: {limit} activations in a row"
+        checking = why.startswith("re-measuring the static")
+        if self.static_check_pending and not checking:
+            self.stay_after = min(RETRY_MAX, 2 * self.stay_after) if activate else RETRY_EVERY
+        self.static_check_pending = checking and bool(self.idle_bias_cycles["stay"])
         if not activate:
             self.activations_in_row = 0
         self.predicted_activate = activate
@@ -255,8 +262,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
             "decision": "activate" if activate else "stay", "queued": surplus, "why": why,
-            "queue_level": level,
-            "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
+            "queue_level": level, "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
             "corrected_gain_s": round(corrected_gain, 3), "uncertainty_s": round(margin_s, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
             "first_wait_samples_per_s": round(first_rate, 4),
@@ -264,9 +270,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "fill_samples_per_s": round(ctx.hybrid_window_samples_per_s, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
             "switch_cost_s": round(self.switch_cost_s(ctx), 3), "static_idle_s": round(static_idle, 3),
-            "min_gain_s": round(min_gain_s, 3),
-            "dynamic_idle_s": round(dynamic_idle, 3), "wait_for_samples": wait,
-            "carry_over_limit": ctx.carry_over_limit_samples}
+            "min_gain_s": round(min_gain_s, 3), "dynamic_idle_s": round(dynamic_idle, 3),
+            "wait_for_samples": wait, "carry_over_limit": ctx.carry_over_limit_samples}
         return activate
 
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
@@ -393,8 +398,3 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         info = super().describe()
         info["measured_switch_cost_s"] = max(0.0, self.activate_cost_s) + max(0.0, self.deactivate_cost_s)
         return info
-
-
-def _queue_level(ctx: DynamicScheduleContext) -> int:
-    """How many micro-steps the queue at the sync can feed, capped at QUEUE_LEVELS - 1."""
-    return min(QUEUE_LEVELS - 1, max(0, ctx.queued_samples) // ctx.required_samples)

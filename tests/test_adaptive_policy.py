@@ -488,6 +488,28 @@ def test_after_activating_every_cycle_it_stays_asleep_once_to_measure_the_static
     assert later.index(False) == RETRY_EVERY
 
 
+def test_static_checks_the_next_decision_overrules_come_ever_less_often_and_a_confirmed_one_restarts_them():
+    policy = make_adaptive()
+    policy.idle_bias_cycles["stay"] = 1  # a static cycle was measured: checks every RETRY_EVERY activations
+    decisions = []
+    for step in range(1, 250):
+        decisions.append(policy.should_activate_after_step(4 * step, False, production_bound()))
+        policy.predicted_idle_s = -1.0
+    checks = [index for index, activated in enumerate(decisions) if not activated]
+    gaps = [later - earlier for earlier, later in zip(checks, checks[1:], strict=False)]
+    assert checks[0] == RETRY_EVERY  # after RETRY_EVERY activations in a row
+    # every check was overruled (the next cycle activated again): twice as many activations before the next
+    assert gaps[:3] == [2 * RETRY_EVERY + 1, 4 * RETRY_EVERY + 1, RETRY_MAX + 1]
+    assert set(gaps[3:]) == {RETRY_MAX + 1}
+    # a check the next decision confirms (it stays asleep on the model) brings the checks back to RETRY_EVERY
+    policy.activations_in_row = policy.stay_after
+    assert policy.should_activate_after_step(1000, False, production_bound()) is False  # the check
+    consumption_bound = production_bound(surplus=30, samples_per_replica_s=3.0,
+                                         standalone_samples_per_replica_s=3.0)
+    assert policy.should_activate_after_step(1004, False, consumption_bound) is False
+    assert policy.stay_after == RETRY_EVERY
+
+
 def test_a_static_cycle_measured_far_better_than_predicted_stops_useless_activations():
     policy = make_adaptive()
     for step in range(1, FIRST_STAY_AFTER + 1):
