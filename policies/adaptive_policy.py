@@ -53,8 +53,7 @@ samples anyway) and the hybrids add samples in flight (the standalones alone hol
 this blind switch is also the first measurement of a switch) and deactivates at `required` samples;
 an unmeasured switch part counts as one micro-step of training; it stays asleep once the feed is done.
 The rebalance is measured too: each choice is tried, the one whose windows filled the queue faster is
-kept (`request_rebalance`).
-Every decision's numbers are kept in `last_decision` and audited.
+kept (`request_rebalance`). Every decision's numbers are kept in `last_decision` and audited.
 """
 
 from __future__ import annotations
@@ -244,13 +243,14 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                 self.retry_after = min(RETRY_MAX, 2 * self.retry_after)
         elif activate:
             self.retry_after = RETRY_EVERY
+        checking = False
         if activate:
             self.stays_by_bias = 0
             self.activations_in_row += 1
             limit = self.stay_after if self.idle_bias_cycles["stay"] else FIRST_STAY_AFTER
-            if self.activations_in_row > limit:
+            checking = self.activations_in_row > limit
+            if checking:
                 activate, why = False, f"re-measuring the static cycle: {limit} activations in a row"
-        checking = why.startswith("re-measuring the static")
         if self.static_check_pending and not checking:
             self.stay_after = min(RETRY_MAX, 2 * self.stay_after) if activate else RETRY_EVERY
         self.static_check_pending = checking and bool(self.idle_bias_cycles["stay"])
