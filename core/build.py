@@ -54,9 +54,10 @@ def policy_name(settings: ScheduleSettings) -> str:
 
 def build_controller_core(settings: ScheduleSettings, *, required_samples: int, responses_per_sample: int,
                           max_running_requests_per_replica: int, hybrid_ids: tuple[str, ...],
-                          standalone_ids: tuple[str, ...]) -> ControllerCore:
+                          standalone_ids: tuple[str, ...], total_samples: int = 0) -> ControllerCore:
     """The policy (by name: a user policy's module must be loaded first), its context and the core
-    (`responses_per_sample`: data.n; `max_running_requests_per_replica`: rollout.max_num_seqs)."""
+    (`responses_per_sample`: data.n; `max_running_requests_per_replica`: rollout.max_num_seqs;
+    `total_samples`: data.total_rollout_steps)."""
     only_hybrid = not standalone_ids
     policy = build_policy(policy_name(settings), deactivate_ratio=settings.dynamic_schedule_deactivate_ratio,
                           only_hybrid=only_hybrid)
@@ -66,7 +67,7 @@ def build_controller_core(settings: ScheduleSettings, *, required_samples: int, 
         concurrent_samples_per_replica=settings.concurrent_samples_per_replica,
         hybrid_concurrent_samples_per_replica=settings.hybrid_concurrent_samples_per_replica or 0,
         responses_per_sample=responses_per_sample,
-        max_running_requests_per_replica=max_running_requests_per_replica)
+        max_running_requests_per_replica=max_running_requests_per_replica, total_samples=total_samples)
     return ControllerCore(policy=policy, ctx=ctx, hybrid_ids=hybrid_ids, standalone_ids=standalone_ids,
                           enable_rebalance=settings.dynamic_schedule_enable_rebalance,
                           fold_hybrid_sync=settings.dynamic_schedule_fold_hybrid_sync)

@@ -51,7 +51,9 @@ policy behaves the same on a time-scaled sim run and on a cluster. Before anythi
 activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
 samples anyway) and the hybrids add samples in flight (the standalones alone hold fewer than max_required;
 this blind switch is also the first measurement of a switch) and deactivates at `required` samples;
-an unmeasured switch part counts as one micro-step of training; it stays asleep once the feed is done.
+an unmeasured switch part counts as one micro-step of training; where that prior alone keeps it asleep (a
+switch at EXPLORE_PRIOR_FRACTION of it would pay, and over the cycles left would repay the prior, in
+EXPLORE_AFTER cycles in a row) it switches once to measure; it stays asleep once the feed is done.
 The rebalance is measured too: each choice is tried, the one whose windows filled the queue faster is
 kept (`request_rebalance`). Every decision's numbers are kept in `last_decision` and audited.
 """
@@ -60,13 +62,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies.adaptive_cycle import best_wait, rates
 from policies.adaptive_model import (
     applied_corrections,
     clip_outlier,
     corrections_standard_error,
     cycle_idle_s,
     first_or_ewma,
-    in_flight_credit_rate,
     pool_wait,
     pooled_rate,
     queue_level,
@@ -106,6 +108,16 @@ RETRY_MAX = 64
 """Each re-measuring switch doubles the wait before the next, up to this many cycles, until an activation
 on the model's merit resets it: on a workload that does not drift every re-measure loses a switch. So
 with the static checks: one the next decision overrules doubles `stay_after`, one it confirms resets it."""
+EXPLORE_RISK = 3.0
+"""A switch measured can cost several times its prior (the robustness grids: 2-4 times); exploring is
+allowed only where a switch this many times the prior would cost at most EXPLORE_RUN_SHARE of the run left."""
+EXPLORE_RUN_SHARE = 0.01
+"""The share of the run left that one exploring switch may risk: the robustness target (1% over static)."""
+EXPLORE_PRIOR_FRACTION = 0.5
+"""The unmeasured part's prior is trusted within this factor: exploring is considered only where a switch
+this much cheaper than the prior would pay (a switch can cost far more than its prior: it may never pay)."""
+EXPLORE_AFTER = 2
+"""Cycles in a row that must find the unmeasured switch worth measuring (one cycle's idle can spike)."""
 FIRST_STAY_AFTER = 4
 """Activations in a row after which the first cycle stays asleep to measure the static cycle, while no
 static cycle has been measured (a static prediction never checked can keep a useless switch going)."""
@@ -163,6 +175,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Consecutive cycles the policy activated (a stay to measure the static cycle resets it)."""
         self.stay_after = RETRY_EVERY
         """Activations in a row before the next static check, once a static cycle was measured."""
+        self.explore_votes = 0
+        """Consecutive decisions that found a switch with an unmeasured part worth measuring."""
         self.static_check_pending = False
         """The last decision was a static check: the next one overrules or confirms it."""
         self.last_decision: dict[str, Any] = {}
@@ -176,7 +190,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if self.only_hybrid:
             wait = ctx.step_required_samples
         else:
-            wait = self.planned_wait_samples or self._best_wait(ctx)[0]
+            wait = self.planned_wait_samples or best_wait(ctx, switch_s=self.switch_cost_s(ctx))[0]
         self.planned_wait_samples = 0
         self.switched["deactivate"] = True
         self.last_decision = {"decision": "deactivate", "wait_for_samples": wait,
@@ -206,7 +220,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                    "cap) with engine slots to spare, and spreading them pays nothing at the measured step")
             self.last_decision = {"decision": "stay", "queued": surplus, "why": why}
             return False
-        standalone_rate, hybrid_rate = self._rates(ctx)
+        standalone_rate, hybrid_rate = rates(ctx)
         if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
             adds_samples = ctx.standalone_samples_in_flight < ctx.max_required_samples  # else it only spreads
             activate = surplus < ctx.required_samples and adds_samples
@@ -222,7 +236,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                    first_rate=first_rate, required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
-        wait, dynamic_idle = self._best_wait(ctx)
+        wait, dynamic_idle = best_wait(ctx, switch_s=self.switch_cost_s(ctx))
         min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
         # The model corrected by its own measured error at this queue level: a switch that measured worse
         # than predicted (or static cycles that idled more than predicted) moves the comparison by that much.
@@ -243,6 +257,12 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                 self.retry_after = min(RETRY_MAX, 2 * self.retry_after)
         elif activate:
             self.retry_after = RETRY_EVERY
+        explore_wait = self._exploring_wait(ctx, static_idle=static_idle + bias["stay"],
+                                            activate_bias=bias["activate"], min_gain_s=min_gain_s + margin_s)
+        self.explore_votes = self.explore_votes + 1 if explore_wait else 0
+        if not activate and self.explore_votes >= EXPLORE_AFTER:
+            activate, wait = True, explore_wait
+            why = f"exploring: a switch part unmeasured, {EXPLORE_AFTER} cycles in a row worth measuring"
         checking = False
         if activate:
             self.stays_by_bias = 0
@@ -341,52 +361,32 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.idle_bias_by_level, self.idle_error_var_by_level, self.idle_error_count_by_level,
             level=level, weight=BIAS_EWMA)
 
+    def _exploring_wait(self, ctx: DynamicScheduleContext, *, static_idle: float, activate_bias: float,
+                        min_gain_s: float) -> int:
+        """While a switch part is unmeasured (no blind start-up switch: the standalones held max_required),
+        its prior can keep the hybrids asleep for the whole run. The X of a switch worth measuring (0: none):
+        with that part at EXPLORE_PRIOR_FRACTION of its prior the predicted gain beats the minimum, and a
+        switch EXPLORE_RISK times the prior would cost at most EXPLORE_RUN_SHARE of the run left (its static
+        cycles as predicted: `ctx.total_samples` gives how many)."""
+        if min(self.activate_cost_s, self.deactivate_cost_s) >= 0 or ctx.total_samples <= 0:
+            return 0
+        low_s = self.switch_cost_s(ctx, unmeasured_s=EXPLORE_PRIOR_FRACTION * ctx.trainer_s_per_micro_step)
+        wait, dynamic_idle = best_wait(ctx, switch_s=low_s)
+        gain = max(0.0, static_idle) - max(low_s, dynamic_idle + activate_bias)
+        cycles_left = (ctx.total_samples - ctx.expected_samples) / ctx.step_required_samples
+        run_left_s = cycles_left * (ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
+                                    + max(0.0, static_idle))
+        worth = gain > min_gain_s and EXPLORE_RISK * self.switch_cost_s(ctx) <= EXPLORE_RUN_SHARE * run_left_s
+        return wait if worth and wait > ctx.queued_samples else 0
+
     # ---- the model (pure helpers) ----
 
-    def switch_cost_s(self, ctx: DynamicScheduleContext) -> float:
+    def switch_cost_s(self, ctx: DynamicScheduleContext, *, unmeasured_s: float | None = None) -> float:
         """Measured activation + deactivation (+ trainer offload/onload); a part not measured yet counts
-        as one micro-step of training (a prior in the run's own time units)."""
-        prior_s = ctx.trainer_s_per_micro_step
+        `unmeasured_s`, by default one micro-step of training (a prior in the run's own time units)."""
+        prior_s = ctx.trainer_s_per_micro_step if unmeasured_s is None else unmeasured_s
         return ((self.activate_cost_s if self.activate_cost_s >= 0 else prior_s)
                 + (self.deactivate_cost_s if self.deactivate_cost_s >= 0 else prior_s))
-
-    def _rates(self, ctx: DynamicScheduleContext) -> tuple[float, float]:
-        """(P_s, P_h) in samples/s from the per-replica rate pooled over whole cycles (hybrid work left
-        unfinished at a deactivation completes on a standalone, so a window's rate under-counts it);
-        before a cycle closed, the standalones' window rate; P_h what the hybrids would add to it."""
-        per_replica = ctx.samples_per_replica_s or ctx.standalone_samples_per_replica_s
-        standalone_rate = per_replica * ctx.num_standalone_replicas
-        return standalone_rate, standalone_rate * ctx.hybrid_production_gain
-
-    def _best_wait(self, ctx: DynamicScheduleContext) -> tuple[int, float]:
-        """(X, dynamic_idle(X)) minimising the predicted idle over X in [required, step_required]."""
-        best = (ctx.required_samples, float("inf"))
-        for wait in range(ctx.required_samples, ctx.step_required_samples + 1):
-            idle = self._dynamic_idle(ctx, wait=wait)
-            if idle < best[1] - 1e-9:
-                best = (wait, idle)
-        return best
-
-    def _dynamic_idle(self, ctx: DynamicScheduleContext, *, wait: int) -> float:
-        """Trainer idle of a cycle with hybrids lent until `wait` samples are queued: the queue fills at
-        the windows' measured rate F (0: unmeasured; slower than the pooled rate, a window being short
-        against a sample's latency); the replicas' work beyond F in that time is in flight (a hybrid's is
-        resumed on a standalone) and is credited after the switch (`in_flight_credit_rate`)."""
-        standalone_rate, hybrid_rate = self._rates(ctx)
-        if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
-            return float("inf")
-        pooled = standalone_rate + hybrid_rate
-        fill_rate = min(pooled, ctx.hybrid_window_samples_per_s or pooled)
-        surplus = max(0, ctx.queued_samples)
-        switch_s = self.switch_cost_s(ctx)
-        fill_s = max(0, wait - surplus) / fill_rate
-        serving_rate = ctx.samples_per_replica_s * (ctx.num_standalone_replicas + ctx.num_hybrid_replicas)
-        credit = in_flight_credit_rate(pooled=pooled, fill_rate=fill_rate, serving_rate=serving_rate,
-                                       load_cost=ctx.decode_load_cost)
-        queued = max(wait, surplus) + standalone_rate * switch_s + credit * fill_s
-        return fill_s + switch_s + cycle_idle_s(
-            queued=queued, rate=standalone_rate, required=ctx.required_samples,
-            micro_steps=ctx.trigger_parameter_sync_step, train_s=ctx.trainer_s_per_micro_step)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -94,6 +94,9 @@ class DynamicScheduleContext:
     queue_size: int = -1
     """MessageQueue samples not yet taken by the trainer, read at the sync (-1: the driver did not read it;
     `total_generated - expected` is the seed's estimate of it)."""
+    total_samples: int = 0
+    """data.total_rollout_steps (static; 0 = not given): the samples the run trains on, so the samples
+    still to train are `total_samples - expected_samples`."""
     feed_done: bool = False
     """Every prompt has been fed (read at the sync): no new sample will start, only in-flight ones finish."""
     # ---- measured by the controller core (core/measure.py); 0 = nothing measured yet ----

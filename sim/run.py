@@ -85,7 +85,8 @@ class Simulation:
         self.core = build_controller_core(cfg, required_samples=self.limits.required_samples,
                                           responses_per_sample=cfg.n,
                                           max_running_requests_per_replica=engine_cap,
-                                          hybrid_ids=self.hybrid_ids, standalone_ids=self.standalone_ids)
+                                          hybrid_ids=self.hybrid_ids, standalone_ids=self.standalone_ids,
+                                          total_samples=self.limits.total_rollout_steps)
         self.policy = self.core.policy
         self.executor = build_executor_core(cfg, core=self.core, clock=self._now)
         self.cycle = tc.TrainerCycle(limits=self.limits, clock=self._now)

@@ -248,6 +248,43 @@ def test_a_switch_part_not_measured_yet_counts_as_one_micro_step_of_training():
     assert policy.switch_cost_s(ctx) == pytest.approx(2.0 + 4.0)
 
 
+def unmeasured_but_close(*, cycles_left: int = 300, surplus: int = 10) -> DynamicScheduleContext:
+    """A cycle the unmeasured switch's prior (two 10-s micro-steps) keeps asleep, where a switch at half
+    that prior would pay: 2 standalones at 0.5 samples/s, a fast window, `cycles_left` cycles to train."""
+    ctx = production_bound(surplus=surplus, samples_per_replica_s=0.5, standalone_samples_per_replica_s=0.5,
+                           hybrid_window_samples_per_s=1.5, trainer_s_per_micro_step=10.0)
+    ctx.total_samples = ctx.expected_samples + cycles_left * ctx.step_required_samples
+    return ctx
+
+
+def test_a_switch_never_measured_is_tried_after_two_cycles_in_which_half_its_prior_would_pay():
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(8, False, unmeasured_but_close()) is False
+    policy.predicted_idle_s = -1.0  # no cycle measured in between: the model is not corrected
+    assert policy.should_activate_after_step(12, False, unmeasured_but_close()) is True
+    assert policy.last_decision["why"].startswith("exploring")
+    assert policy.last_decision["wait_for_samples"] > policy.last_decision["queued"]
+
+
+def test_an_unmeasured_switch_is_not_tried_where_three_times_its_prior_would_cost_over_1pct_of_the_run_left():
+    # the prior is 2 x 10 s; a static cycle is 4 x 10 s of training + 24 s of waits: 3 x 20 s is 1% of
+    # 94 such cycles
+    for cycles_left in (90, 1, 0, -10):  # -10: total_samples 0, the run's length not given
+        policy = make_adaptive()
+        for step in range(1, 6):
+            assert policy.should_activate_after_step(4 * step, False, unmeasured_but_close(
+                cycles_left=cycles_left)) is False
+            policy.predicted_idle_s = -1.0
+
+
+def test_one_cycle_worth_trying_an_unmeasured_switch_between_others_is_not_enough():
+    policy = make_adaptive()
+    full_queue = unmeasured_but_close(surplus=40)  # no wait before the cycle: nothing to gain
+    for ctx in (unmeasured_but_close(), full_queue, unmeasured_but_close(), full_queue):
+        assert policy.should_activate_after_step(8, False, ctx) is False
+        policy.predicted_idle_s = -1.0
+
+
 def test_the_decision_is_the_same_in_any_time_unit():
     """A time-scaled sim run measures wall seconds: every threshold scales with the measurements."""
     fast, slow = make_adaptive(), make_adaptive()

@@ -70,7 +70,7 @@ def test_the_rollouter_live_and_in_the_planner_keeps_as_many_samples_in_flight_p
 
 STATIC_CONTEXT_FIELDS = ("required_samples", "trigger_parameter_sync_step", "staleness_threshold",
                          "only_hybrid", "num_hybrid_replicas", "num_standalone_replicas",
-                         "concurrent_samples_per_replica")
+                         "concurrent_samples_per_replica", "total_samples")
 
 
 
@@ -89,6 +89,7 @@ def test_the_services_and_the_simulator_build_the_same_policy_context_and_mechan
     assert _wiring(live) == _wiring(planned)
     given = scenario.config.async_training.concurrent_samples_per_replica
     assert live.core.ctx.concurrent_samples_per_replica == given > 0
+    assert live.core.ctx.total_samples == scenario.config.data.total_rollout_steps > 0
 
 
 def test_a_run_without_dynamic_scheduling_uses_static_fully_async_live_and_in_the_planner() -> None:

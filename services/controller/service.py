@@ -66,7 +66,8 @@ def build_core(config: Config) -> ControllerCore:
     return build_controller_core(at, required_samples=config.trainer.ppo_mini_batch_size * at.require_batches,
                                  responses_per_sample=config.data.n,
                                  max_running_requests_per_replica=config.rollout.max_num_seqs,
-                                 hybrid_ids=config.hybrid_ids, standalone_ids=config.standalone_ids)
+                                 hybrid_ids=config.hybrid_ids, standalone_ids=config.standalone_ids,
+                                 total_samples=config.data.total_rollout_steps)
 
 
 def executor_core(core: ControllerCore, config: Config) -> ex.ExecutorCore:
