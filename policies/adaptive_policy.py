@@ -51,9 +51,9 @@ policy behaves the same on a time-scaled sim run and on a cluster. Before anythi
 activates when the queue cannot feed one micro-step (the first sync: the trainer waits for its first
 samples anyway) and the hybrids add samples in flight (the standalones alone hold fewer than max_required;
 this blind switch is also the first measurement of a switch) and deactivates at `required` samples;
-an unmeasured switch part counts as one micro-step of training; where that prior alone keeps it asleep (a
-switch at EXPLORE_PRIOR_FRACTION of it would pay, and over the cycles left would repay the prior, in
-EXPLORE_AFTER cycles in a row) it switches once to measure; it stays asleep once the feed is done.
+an unmeasured switch part counts as one micro-step of training; where that prior alone keeps it asleep
+(`_exploring_wait`: a cheaper switch would pay, a dearer one would cost at most EXPLORE_RUN_SHARE of the run
+left) it switches once to measure; it stays asleep once the feed is done.
 The rebalance is measured too: each choice is tried, the one whose windows filled the queue faster is
 kept (`request_rebalance`). Every decision's numbers are kept in `last_decision` and audited.
 """
