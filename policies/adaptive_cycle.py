@@ -20,6 +20,12 @@ def rates(ctx: DynamicScheduleContext) -> tuple[float, float]:
     return standalone_rate, standalone_rate * ctx.hybrid_production_gain
 
 
+def switch_cost_s(*, activate_s: float, deactivate_s: float, prior_s: float) -> float:
+    """Activation + deactivation (+ the trainer's offload/onload) as measured; a part not measured yet
+    (negative) counts `prior_s`."""
+    return (activate_s if activate_s >= 0 else prior_s) + (deactivate_s if deactivate_s >= 0 else prior_s)
+
+
 def best_wait(ctx: DynamicScheduleContext, *, switch_s: float) -> tuple[int, float]:
     """(X, dynamic_idle(X)) minimising the predicted idle over X in [required, step_required] for a
     switch costing `switch_s`."""

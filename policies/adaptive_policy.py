@@ -52,8 +52,8 @@ activates when the queue cannot feed one micro-step (the first sync: the trainer
 samples anyway) and the hybrids add samples in flight (the standalones alone hold fewer than max_required;
 this blind switch is also the first measurement of a switch) and deactivates at `required` samples;
 an unmeasured switch part counts as one micro-step of training; where that prior alone keeps it asleep
-(`_exploring_wait`: a cheaper switch would pay, a dearer one would cost at most EXPLORE_RUN_SHARE of the run
-left) it switches once to measure; it stays asleep once the feed is done.
+(`adaptive_explore.exploring_wait`: a cheaper switch would pay, a dearer one would cost at most
+EXPLORE_RUN_SHARE of the run left) it switches once to measure; it stays asleep once the feed is done.
 The rebalance is measured too: each choice is tried, the one whose windows filled the queue faster is
 kept (`request_rebalance`). Every decision's numbers are kept in `last_decision` and audited.
 """
@@ -62,7 +62,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.adaptive_cycle import best_wait, rates
+from policies.adaptive_cycle import best_wait, rates, switch_cost_s
+from policies.adaptive_explore import EXPLORE_AFTER, exploring_wait
 from policies.adaptive_model import (
     applied_corrections,
     clip_outlier,
@@ -108,16 +109,6 @@ RETRY_MAX = 64
 """Each re-measuring switch doubles the wait before the next, up to this many cycles, until an activation
 on the model's merit resets it: on a workload that does not drift every re-measure loses a switch. So
 with the static checks: one the next decision overrules doubles `stay_after`, one it confirms resets it."""
-EXPLORE_RISK = 3.0
-"""A switch measured can cost several times its prior (the robustness grids: 2-4 times); exploring is
-allowed only where a switch this many times the prior would cost at most EXPLORE_RUN_SHARE of the run left."""
-EXPLORE_RUN_SHARE = 0.01
-"""The share of the run left that one exploring switch may risk: the robustness target (1% over static)."""
-EXPLORE_PRIOR_FRACTION = 0.5
-"""The unmeasured part's prior is trusted within this factor: exploring is considered only where a switch
-this much cheaper than the prior would pay (a switch can cost far more than its prior: it may never pay)."""
-EXPLORE_AFTER = 2
-"""Cycles in a row that must find the unmeasured switch worth measuring (one cycle's idle can spike)."""
 FIRST_STAY_AFTER = 4
 """Activations in a row after which the first cycle stays asleep to measure the static cycle, while no
 static cycle has been measured (a static prediction never checked can keep a useless switch going)."""
@@ -257,8 +248,10 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                 self.retry_after = min(RETRY_MAX, 2 * self.retry_after)
         elif activate:
             self.retry_after = RETRY_EVERY
-        explore_wait = self._exploring_wait(ctx, static_idle=static_idle + bias["stay"],
-                                            activate_bias=bias["activate"], min_gain_s=min_gain_s + margin_s)
+        explore_wait = exploring_wait(ctx, activate_s=self.activate_cost_s,
+                                      deactivate_s=self.deactivate_cost_s,
+                                      static_idle=static_idle + bias["stay"], activate_bias=bias["activate"],
+                                      min_gain_s=min_gain_s + margin_s)
         self.explore_votes = self.explore_votes + 1 if explore_wait else 0
         if not activate and self.explore_votes >= EXPLORE_AFTER:
             activate, wait = True, explore_wait
@@ -361,32 +354,14 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.idle_bias_by_level, self.idle_error_var_by_level, self.idle_error_count_by_level,
             level=level, weight=BIAS_EWMA)
 
-    def _exploring_wait(self, ctx: DynamicScheduleContext, *, static_idle: float, activate_bias: float,
-                        min_gain_s: float) -> int:
-        """While a switch part is unmeasured (no blind start-up switch: the standalones held max_required),
-        its prior can keep the hybrids asleep for the whole run. The X of a switch worth measuring (0: none):
-        with that part at EXPLORE_PRIOR_FRACTION of its prior the predicted gain beats the minimum, and a
-        switch EXPLORE_RISK times the prior would cost at most EXPLORE_RUN_SHARE of the run left (its static
-        cycles as predicted: `ctx.total_samples` gives how many)."""
-        if min(self.activate_cost_s, self.deactivate_cost_s) >= 0 or ctx.total_samples <= 0:
-            return 0
-        low_s = self.switch_cost_s(ctx, unmeasured_s=EXPLORE_PRIOR_FRACTION * ctx.trainer_s_per_micro_step)
-        wait, dynamic_idle = best_wait(ctx, switch_s=low_s)
-        gain = max(0.0, static_idle) - max(low_s, dynamic_idle + activate_bias)
-        cycles_left = (ctx.total_samples - ctx.expected_samples) / ctx.step_required_samples
-        run_left_s = cycles_left * (ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
-                                    + max(0.0, static_idle))
-        worth = gain > min_gain_s and EXPLORE_RISK * self.switch_cost_s(ctx) <= EXPLORE_RUN_SHARE * run_left_s
-        return wait if worth and wait > ctx.queued_samples else 0
-
     # ---- the model (pure helpers) ----
 
     def switch_cost_s(self, ctx: DynamicScheduleContext, *, unmeasured_s: float | None = None) -> float:
         """Measured activation + deactivation (+ trainer offload/onload); a part not measured yet counts
         `unmeasured_s`, by default one micro-step of training (a prior in the run's own time units)."""
         prior_s = ctx.trainer_s_per_micro_step if unmeasured_s is None else unmeasured_s
-        return ((self.activate_cost_s if self.activate_cost_s >= 0 else prior_s)
-                + (self.deactivate_cost_s if self.deactivate_cost_s >= 0 else prior_s))
+        return switch_cost_s(activate_s=self.activate_cost_s, deactivate_s=self.deactivate_cost_s,
+                             prior_s=prior_s)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
