@@ -31,14 +31,15 @@ def exploring_wait(ctx: DynamicScheduleContext, *, activate_s: float, deactivate
     `ctx.total_samples` gives how many)."""
     if min(activate_s, deactivate_s) >= 0 or ctx.total_samples <= 0:
         return 0
-    low_s = switch_cost_s(activate_s=activate_s, deactivate_s=deactivate_s,
-                          prior_s=EXPLORE_PRIOR_FRACTION * ctx.trainer_s_per_micro_step)
-    wait, dynamic_idle = best_wait(ctx, switch_s=low_s)
-    gain = max(0.0, static_idle) - max(low_s, dynamic_idle + activate_bias)
     cycles_left = (ctx.total_samples - ctx.expected_samples) / ctx.step_required_samples
     run_left_s = cycles_left * (ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
                                 + max(0.0, static_idle))
     prior_switch_s = switch_cost_s(activate_s=activate_s, deactivate_s=deactivate_s,
                                    prior_s=ctx.trainer_s_per_micro_step)
-    worth = gain > min_gain_s and EXPLORE_RISK * prior_switch_s <= EXPLORE_RUN_SHARE * run_left_s
-    return wait if worth and wait > ctx.queued_samples else 0
+    if EXPLORE_RISK * prior_switch_s > EXPLORE_RUN_SHARE * run_left_s:
+        return 0
+    low_s = switch_cost_s(activate_s=activate_s, deactivate_s=deactivate_s,
+                          prior_s=EXPLORE_PRIOR_FRACTION * ctx.trainer_s_per_micro_step)
+    wait, dynamic_idle = best_wait(ctx, switch_s=low_s)
+    gain = max(0.0, static_idle) - max(low_s, dynamic_idle + activate_bias)
+    return wait if gain > min_gain_s and wait > ctx.queued_samples else 0

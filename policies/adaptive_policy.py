@@ -227,14 +227,15 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                    first_rate=first_rate, required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
-        wait, dynamic_idle = best_wait(ctx, switch_s=self.switch_cost_s(ctx))
+        switch_s = self.switch_cost_s(ctx)
+        wait, dynamic_idle = best_wait(ctx, switch_s=switch_s)
         min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
         # The model corrected by its own measured error at this queue level: a switch that measured worse
         # than predicted (or static cycles that idled more than predicted) moves the comparison by that much.
         bias = applied_corrections(self.idle_bias_by_level, level=level,
                                    static_measured=bool(self.idle_bias_cycles["stay"]))
         corrected_gain = (max(0.0, static_idle + bias["stay"])
-                          - max(self.switch_cost_s(ctx), dynamic_idle + bias["activate"]))
+                          - max(switch_s, dynamic_idle + bias["activate"]))
         # No window (the queue already holds X): a switch then only raises the samples in flight for a
         # moment (they finish on the standalones), which the rollouter's concurrency limit is for.
         margin_s = self._bias_uncertainty_s(level)
@@ -282,7 +283,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "fill_samples_per_s": round(ctx.hybrid_window_samples_per_s, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
-            "switch_cost_s": round(self.switch_cost_s(ctx), 3), "static_idle_s": round(static_idle, 3),
+            "switch_cost_s": round(switch_s, 3), "static_idle_s": round(static_idle, 3),
             "min_gain_s": round(min_gain_s, 3), "dynamic_idle_s": round(dynamic_idle, 3),
             "wait_for_samples": wait, "carry_over_limit": ctx.carry_over_limit_samples}
         return activate
@@ -356,12 +357,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     # ---- the model (pure helpers) ----
 
-    def switch_cost_s(self, ctx: DynamicScheduleContext, *, unmeasured_s: float | None = None) -> float:
+    def switch_cost_s(self, ctx: DynamicScheduleContext) -> float:
         """Measured activation + deactivation (+ trainer offload/onload); a part not measured yet counts
-        `unmeasured_s`, by default one micro-step of training (a prior in the run's own time units)."""
-        prior_s = ctx.trainer_s_per_micro_step if unmeasured_s is None else unmeasured_s
+        one micro-step of training (a prior in the run's own time units)."""
         return switch_cost_s(activate_s=self.activate_cost_s, deactivate_s=self.deactivate_cost_s,
-                             prior_s=prior_s)
+                             prior_s=ctx.trainer_s_per_micro_step)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
