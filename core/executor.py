@@ -182,6 +182,7 @@ class ExecutorCore:
         self.core.record_measurements(standalone_samples_per_replica_s=m.standalone_samples_per_replica_s,
                                       hybrid_samples_per_replica_s=m.hybrid_samples_per_replica_s,
                                       samples_per_replica_s=m.samples_per_replica_s,
+                                      static_samples_per_replica_s=m.static_samples_per_replica_s,
                                       hybrid_window_samples_per_s=m.hybrid_window_samples_per_s,
                                       last_hybrid_window_samples_per_s=m.last_hybrid_window_samples_per_s,
                                       trainer_s_per_micro_step=m.trainer_s_per_micro_step,

@@ -179,10 +179,16 @@ class RateMeter:
         self._standalone = _Decayed()
         self._hybrid_extra = _Decayed()
         self._cycle = _Decayed()
+        self._static = _Decayed()
         self._fill = _Decayed()
         self.last_hybrid_window_samples_per_s = 0.0
         """The latest hybrid window's own fill rate (0 until one closed)."""
         self._cycle_rs = 0.0
+        self._cycle_hybrids_served = False
+        """Hybrids were added in the sync cycle in progress (even for a window that closed at once)."""
+        self._last_cycle_static = False
+        """No hybrid served in the last sync cycle, and one served in an earlier cycle."""
+        self._hybrids_served = False
         self._cycle_generated: int | None = None
         self.trainer_s_per_micro_step = 0.0
         self._decode = DecodeFit()
@@ -203,6 +209,7 @@ class RateMeter:
             self.standalones_serving = standalones
         if hybrids is not None:
             self.hybrids_serving = hybrids
+            self._cycle_hybrids_served = self._cycle_hybrids_served or hybrids > 0
 
     def read_progress(self, now_s: float, total_generated: int, *, cycle_end: bool = False,
                       idle_s: float = -1.0) -> None:
@@ -219,8 +226,16 @@ class RateMeter:
         self._cycle_rs += self._standalone_rs + self._hybrid_rs
         if cycle_end:
             if self._cycle_generated is not None and self._cycle_rs > 0:
-                self._cycle.add(max(0, total_generated - self._cycle_generated), self._cycle_rs)
+                produced = max(0, total_generated - self._cycle_generated)
+                self._cycle.add(produced, self._cycle_rs)
+                static = not self._cycle_hybrids_served and self.hybrids_serving == 0
+                if static and self._last_cycle_static:
+                    self._static.add(produced, self._cycle_rs)
+                # before any hybrid served the pooled rate is this measurement: count from the first switch
+                self._last_cycle_static = static and self._hybrids_served
+                self._hybrids_served = self._hybrids_served or not static
             self._cycle_generated, self._cycle_rs = total_generated, 0.0
+            self._cycle_hybrids_served = self.hybrids_serving > 0
         if self._last_generated is not None:
             produced = max(0, total_generated - self._last_generated)
             if self._hybrid_rs > 0:
@@ -269,6 +284,15 @@ class RateMeter:
         left unfinished at its deactivation completes on a standalone within the cycle, so this counts
         it, where the per-window rates do not."""
         return self._cycle.value
+
+    @property
+    def static_samples_per_replica_s(self) -> float:
+        """The same over the sync cycles no hybrid was added in that follow another such cycle (no hybrid
+        work handed to the standalones), counted from the first switch on (0 until one closed): what the
+        standalones produce alone. Where lending the GPUs only spreads the same requests over more
+        engines, the pooled rate falls in the cycles that switch and would make staying look worse than
+        it is; before any switch every cycle is such a cycle, and the pooled rate is this measurement."""
+        return self._static.value
 
     @property
     def hybrid_samples_per_replica_s(self) -> float:

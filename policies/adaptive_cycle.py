@@ -20,6 +20,13 @@ def rates(ctx: DynamicScheduleContext) -> tuple[float, float]:
     return standalone_rate, standalone_rate * ctx.hybrid_production_gain
 
 
+def static_rate(ctx: DynamicScheduleContext, *, pooled: float) -> float:
+    """The standalones' rate for the prediction of a cycle kept asleep: their per-replica rate in steady
+    cycles kept asleep (`static_samples_per_replica_s`), once measured, else `pooled` (P_s)."""
+    per_replica = ctx.static_samples_per_replica_s
+    return per_replica * ctx.num_standalone_replicas if per_replica > 0 else pooled
+
+
 def switch_cost_s(*, activate_s: float, deactivate_s: float, prior_s: float) -> float:
     """Activation + deactivation (+ the trainer's offload/onload) as measured; a part not measured yet
     (negative) counts `prior_s`."""

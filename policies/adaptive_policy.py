@@ -25,7 +25,11 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   (`adaptive_model.in_flight_credit_rate`: beyond P_s + P_h at the engines' marginal rate). The static
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
   the queue filling right after the sync with the standalones alone, the hybrid window's counterpart
-  (samples in flight at the sync finish at their own pace, not at the cycle's average rate).
+  (samples in flight at the sync finish at their own pace, not at the cycle's average rate); its P_s is
+  the rate of the cycles kept asleep after one kept asleep, once hybrids have served
+  (`ctx.static_samples_per_replica_s`): where the hybrids only spread the standalones' requests, the
+  pooled rate falls in the cycles that switch, and a static prediction from it made every switch look
+  worth the next.
 - Activate iff static_idle - min_X dynamic_idle(X), corrected by the measured errors below (a cycle idles
   no less than 0 staying, no less than its measured switch costs switching), beats MIN_GAIN_FRACTION x the
   cycle's training time plus UNCERTAINTY_Z standard errors of those corrections, and deactivate at that X.
@@ -62,7 +66,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.adaptive_cycle import best_wait, rates, switch_cost_s
+from policies.adaptive_cycle import best_wait, rates, static_rate, switch_cost_s
 from policies.adaptive_explore import EXPLORE_AFTER, exploring_wait
 from policies.adaptive_model import (
     applied_corrections,
@@ -223,7 +227,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return activate
         level = queue_level(ctx.queued_samples, required=ctx.required_samples, levels=QUEUE_LEVELS)
         first_rate = pooled_rate(self.static_first_fill, min_samples=ctx.required_samples)
-        static_idle = cycle_idle_s(queued=max(0, surplus), rate=standalone_rate,
+        asleep_rate = static_rate(ctx, pooled=standalone_rate)
+        static_idle = cycle_idle_s(queued=max(0, surplus), rate=asleep_rate,
                                    first_rate=first_rate, required=ctx.required_samples,
                                    micro_steps=ctx.trigger_parameter_sync_step,
                                    train_s=ctx.trainer_s_per_micro_step)
@@ -279,6 +284,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "queue_level": level, "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
             "corrected_gain_s": round(corrected_gain, 3), "uncertainty_s": round(margin_s, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
+            "static_samples_per_s": round(asleep_rate, 4),
             "first_wait_samples_per_s": round(first_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "fill_samples_per_s": round(ctx.hybrid_window_samples_per_s, 4),

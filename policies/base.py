@@ -110,6 +110,11 @@ class DynamicScheduleContext:
     """Samples enqueued per serving replica-second over whole sync cycles, standalones and hybrids pooled
     (measured, decayed; refreshed at each sync): it credits hybrid work finished on a standalone after
     the hybrid's deactivation, which the two per-window rates above cannot."""
+    static_samples_per_replica_s: float = 0.0
+    """The same over the sync cycles no hybrid was added in that follow another such cycle, counted from
+    the first switch on (measured, decayed; 0 until one closed): what the standalones produce alone, which
+    `samples_per_replica_s` under-states where lending the GPUs only spreads the same requests over more
+    engines (before any switch, every cycle is such a cycle and the pooled rate is this measurement)."""
     hybrid_window_samples_per_s: float = 0.0
     """Samples enqueued per second of hybrid serving, all replicas included: how fast the queue filled
     while the trainer waited with its GPUs lent (measured over the hybrid windows, decayed; 0 = none)."""

@@ -227,6 +227,19 @@ def test_a_consumption_bound_cycle_never_activates():
     assert policy.last_decision["static_idle_s"] == 0.0
 
 
+def test_the_static_prediction_uses_what_cycles_without_hybrids_produced_once_one_was_measured():
+    pooled = production_bound()
+    measured_alone = production_bound()
+    measured_alone.static_samples_per_replica_s = 2.0  # the cycles no hybrid served in: faster than pooled
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, pooled)
+    pooled_static_idle = policy.last_decision["static_idle_s"]
+    policy.should_activate_after_step(12, False, measured_alone)
+    assert policy.last_decision["static_samples_per_s"] == pytest.approx(4.0)  # 2 standalones x 2.0
+    assert policy.last_decision["standalone_samples_per_s"] == pytest.approx(1.5)  # the pooled P_s, unchanged
+    assert policy.last_decision["static_idle_s"] < pooled_static_idle
+
+
 def test_an_expensive_measured_switch_keeps_the_hybrids_asleep():
     policy = make_adaptive()
     ctx = production_bound()
@@ -366,6 +379,34 @@ def test_the_meter_counts_no_serving_time_while_the_standalones_sync():
     meter.set_serving(5.0, standalones=2)
     meter.read_progress(15.0, 20, cycle_end=True)
     assert meter.standalone_samples_per_replica_s == pytest.approx(1.0)
+
+
+def cycle(meter: RateMeter, start_s: float, generated: int, *, hybrids_until_s: float = 0.0) -> None:
+    """One 10-s sync cycle from `start_s`, ending with `generated` samples so far; the hybrids serve
+    until `hybrids_until_s` if it is later than the start."""
+    if hybrids_until_s > start_s:
+        meter.set_serving(start_s, hybrids=2)
+        meter.read_progress(hybrids_until_s, generated - 10)
+        meter.set_serving(hybrids_until_s, hybrids=0)
+    meter.read_progress(start_s + 10.0, generated, cycle_end=True)
+
+
+def test_the_meter_measures_the_standalones_alone_only_in_steady_cycles_after_the_first_switch():
+    meter = RateMeter(num_standalone=2, num_hybrid=2)
+    meter.read_progress(0.0, 0, cycle_end=True)
+    cycle(meter, 0.0, 40)  # standalones alone, before any switch: the pooled rate is this measurement
+    assert meter.samples_per_replica_s == pytest.approx(2.0)
+    assert meter.static_samples_per_replica_s == 0.0
+    cycle(meter, 10.0, 60, hybrids_until_s=15.0)  # a switch that only spread the same work
+    assert meter.samples_per_replica_s < 2.0
+    cycle(meter, 20.0, 90)  # asleep, but right after the switch (its work handed over): not counted
+    assert meter.static_samples_per_replica_s == 0.0
+    cycle(meter, 30.0, 130)  # asleep after a cycle asleep: the standalones alone, 2 per replica-second
+    assert meter.static_samples_per_replica_s == pytest.approx(2.0)
+    cycle(meter, 40.0, 150, hybrids_until_s=45.0)
+    cycle(meter, 50.0, 170, hybrids_until_s=55.0)
+    assert meter.samples_per_replica_s < 1.6  # the pooled rate falls while the switches go on
+    assert meter.static_samples_per_replica_s == pytest.approx(2.0)  # what staying produces does not
 
 
 def test_the_meter_averages_trainer_micro_steps_and_ignores_negative_durations():
