@@ -229,8 +229,8 @@ class RateMeter:
                 produced = max(0, total_generated - self._cycle_generated)
                 self._cycle.add(produced, self._cycle_rs)
                 static = not self._cycle_hybrids_served and self.hybrids_serving == 0
-                if static and self._last_cycle_static:
-                    self._static.add(produced, self._cycle_rs)
+                if static and self._last_cycle_static and self.trainer_s_per_micro_step > 0:
+                    self._static.add(produced * self.trainer_s_per_micro_step, self._cycle_rs)
                 # before any hybrid served the pooled rate is this measurement: count from the first switch
                 self._last_cycle_static = static and self._hybrids_served
                 self._hybrids_served = self._hybrids_served or not static
@@ -288,11 +288,15 @@ class RateMeter:
     @property
     def static_samples_per_replica_s(self) -> float:
         """The same over the sync cycles no hybrid was added in that follow another such cycle (no hybrid
-        work handed to the standalones), counted from the first switch on (0 until one closed): what the
-        standalones produce alone. Where lending the GPUs only spreads the same requests over more
-        engines, the pooled rate falls in the cycles that switch and would make staying look worse than
-        it is; before any switch every cycle is such a cycle, and the pooled rate is this measurement."""
-        return self._static.value
+        work handed to the standalones), counted from the first switch on, each scaled by the trainer's
+        micro-step time then over now (0 until one closed): what the standalones produce alone. Where
+        lending the GPUs only spreads the same requests over more engines, the pooled rate falls in the
+        cycles that switch and would make staying look worse than it is; before any switch every cycle
+        is such a cycle, and the pooled rate is this measurement. The scaling keeps a rate measured
+        before a streak of switches current where the samples lengthen: that slows the trainer and the
+        engines alike."""
+        train_s = self.trainer_s_per_micro_step
+        return self._static.value / train_s if train_s > 0 else 0.0
 
     @property
     def hybrid_samples_per_replica_s(self) -> float:

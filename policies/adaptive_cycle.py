@@ -21,10 +21,12 @@ def rates(ctx: DynamicScheduleContext) -> tuple[float, float]:
 
 
 def static_rate(ctx: DynamicScheduleContext, *, pooled: float) -> float:
-    """The standalones' rate for the prediction of a cycle kept asleep: their per-replica rate in steady
-    cycles kept asleep (`static_samples_per_replica_s`), once measured, else `pooled` (P_s)."""
-    per_replica = ctx.static_samples_per_replica_s
-    return per_replica * ctx.num_standalone_replicas if per_replica > 0 else pooled
+    """The standalones' rate for the prediction of a cycle kept asleep: `pooled` (P_s), raised to their
+    per-replica rate in steady cycles kept asleep (`static_samples_per_replica_s`) where that is higher.
+    The hybrids' replica-seconds dilute the pooled rate where they add less than a standalone would; a
+    steady static cycle slower than the pooled rate is a version waiting for its longest samples, which
+    the pooled rate already averages in."""
+    return max(pooled, ctx.static_samples_per_replica_s * ctx.num_standalone_replicas)
 
 
 def switch_cost_s(*, activate_s: float, deactivate_s: float, prior_s: float) -> float:

@@ -26,10 +26,9 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
   the queue filling right after the sync with the standalones alone, the hybrid window's counterpart
   (samples in flight at the sync finish at their own pace, not at the cycle's average rate); its P_s is
-  the rate of the cycles kept asleep after one kept asleep, once hybrids have served
-  (`ctx.static_samples_per_replica_s`): where the hybrids only spread the standalones' requests, the
-  pooled rate falls in the cycles that switch, and a static prediction from it made every switch look
-  worth the next.
+  raised to the rate of steady cycles kept asleep (`ctx.static_samples_per_replica_s`) where that is
+  higher: where the hybrids only spread the standalones' requests, the pooled rate falls in the cycles
+  that switch, and a static prediction from it made every switch look worth the next.
 - Activate iff static_idle - min_X dynamic_idle(X), corrected by the measured errors below (a cycle idles
   no less than 0 staying, no less than its measured switch costs switching), beats MIN_GAIN_FRACTION x the
   cycle's training time plus UNCERTAINTY_Z standard errors of those corrections, and deactivate at that X.

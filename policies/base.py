@@ -112,9 +112,10 @@ class DynamicScheduleContext:
     the hybrid's deactivation, which the two per-window rates above cannot."""
     static_samples_per_replica_s: float = 0.0
     """The same over the sync cycles no hybrid was added in that follow another such cycle, counted from
-    the first switch on (measured, decayed; 0 until one closed): what the standalones produce alone, which
-    `samples_per_replica_s` under-states where lending the GPUs only spreads the same requests over more
-    engines (before any switch, every cycle is such a cycle and the pooled rate is this measurement)."""
+    the first switch on, each scaled by the trainer's micro-step time then over now (measured, decayed; 0
+    until one closed): what the standalones produce alone, which `samples_per_replica_s` under-states where
+    lending the GPUs only spreads the same requests over more engines (before any switch, every cycle is
+    such a cycle and the pooled rate is this measurement)."""
     hybrid_window_samples_per_s: float = 0.0
     """Samples enqueued per second of hybrid serving, all replicas included: how fast the queue filled
     while the trainer waited with its GPUs lent (measured over the hybrid windows, decayed; 0 = none)."""

@@ -240,6 +240,18 @@ def test_the_static_prediction_uses_what_cycles_without_hybrids_produced_once_on
     assert policy.last_decision["static_idle_s"] < pooled_static_idle
 
 
+def test_steady_cycles_kept_asleep_slower_than_the_pooled_rate_leave_the_static_prediction_alone():
+    pooled = production_bound()
+    slow_tail = production_bound()
+    slow_tail.static_samples_per_replica_s = 0.3  # a version that waited for its longest samples
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, pooled)
+    pooled_decision = dict(policy.last_decision)
+    policy.should_activate_after_step(12, False, slow_tail)
+    assert policy.last_decision["static_samples_per_s"] == pytest.approx(1.5)  # the pooled P_s
+    assert policy.last_decision["static_idle_s"] == pytest.approx(pooled_decision["static_idle_s"])
+
+
 def test_an_expensive_measured_switch_keeps_the_hybrids_asleep():
     policy = make_adaptive()
     ctx = production_bound()
@@ -393,6 +405,7 @@ def cycle(meter: RateMeter, start_s: float, generated: int, *, hybrids_until_s: 
 
 def test_the_meter_measures_the_standalones_alone_only_in_steady_cycles_after_the_first_switch():
     meter = RateMeter(num_standalone=2, num_hybrid=2)
+    meter.record_micro_step(10.0)
     meter.read_progress(0.0, 0, cycle_end=True)
     cycle(meter, 0.0, 40)  # standalones alone, before any switch: the pooled rate is this measurement
     assert meter.samples_per_replica_s == pytest.approx(2.0)
@@ -407,6 +420,32 @@ def test_the_meter_measures_the_standalones_alone_only_in_steady_cycles_after_th
     cycle(meter, 50.0, 170, hybrids_until_s=55.0)
     assert meter.samples_per_replica_s < 1.6  # the pooled rate falls while the switches go on
     assert meter.static_samples_per_replica_s == pytest.approx(2.0)  # what staying produces does not
+
+
+def test_a_switch_whose_window_closed_at_once_still_leaves_the_next_cycle_unsteady():
+    meter = RateMeter(num_standalone=2, num_hybrid=2)
+    meter.record_micro_step(10.0)
+    meter.read_progress(0.0, 0, cycle_end=True)
+    meter.set_serving(0.0, hybrids=2)  # added and removed at one instant: no serving time
+    meter.set_serving(0.0, hybrids=0)
+    meter.read_progress(10.0, 40, cycle_end=True)
+    cycle(meter, 10.0, 60)  # asleep right after that switch: not steady
+    assert meter.static_samples_per_replica_s == 0.0
+    cycle(meter, 20.0, 100)
+    assert meter.static_samples_per_replica_s == pytest.approx(2.0)
+
+
+def test_the_meter_scales_the_standalones_alone_by_the_trainers_micro_step_time_then_over_now():
+    meter = RateMeter(num_standalone=2, num_hybrid=2)
+    meter.record_micro_step(10.0)
+    meter.read_progress(0.0, 0, cycle_end=True)
+    cycle(meter, 0.0, 20, hybrids_until_s=5.0)
+    cycle(meter, 10.0, 50)
+    cycle(meter, 20.0, 90)  # a steady cycle asleep: 2 samples per replica-second
+    assert meter.static_samples_per_replica_s == pytest.approx(2.0)
+    for _ in range(40):  # the samples lengthen: the trainer now takes twice as long per micro-step
+        meter.record_micro_step(20.0)
+    assert meter.static_samples_per_replica_s == pytest.approx(1.0, rel=1e-3)
 
 
 def test_the_meter_averages_trainer_micro_steps_and_ignores_negative_durations():
