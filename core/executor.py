@@ -131,9 +131,9 @@ class ExecutorCore:
         """The trainer's onload and the hybrids' sleep run concurrently (config: where memory allows)."""
         self.serving_hybrids: tuple[str, ...] = core.hybrid_ids if core.mode is Mode.HYBRID_ACTIVE else ()
         """Hybrids the load balancer routes to (from its last membership answer)."""
-        self.meter = RateMeter(num_standalone=len(core.standalone_ids), num_hybrid=len(core.hybrid_ids))
+        self.meter = RateMeter(num_standalone=len(core.standalone_ids), num_hybrid=len(core.hybrid_ids),
+                               hybrids_serving=len(self.serving_hybrids))
         """What the policy's measured context fields come from (core.measure)."""
-        self.meter.hybrids_serving = len(self.serving_hybrids)
         self._collected_at: float | None = None
         self._ready_at: float | None = None
         """When the last GPUS_READY that followed a deactivation was sent (None: no deactivation)."""

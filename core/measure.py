@@ -165,11 +165,13 @@ class DecodeFit:
 class RateMeter:
     """Replica-seconds of serving, split by kind, between progress readings; trainer micro-step time."""
 
-    def __init__(self, *, num_standalone: int, num_hybrid: int) -> None:
+    def __init__(self, *, num_standalone: int, num_hybrid: int, hybrids_serving: int = 0) -> None:
+        """`hybrids_serving`: hybrids already serving when the meter is built (a controller restarted in
+        HYBRID_ACTIVE); its first cycle then counts as one with hybrids."""
         self.num_standalone = num_standalone
         self.num_hybrid = num_hybrid
         self.standalones_serving = num_standalone
-        self.hybrids_serving = 0
+        self.hybrids_serving = hybrids_serving
         self._segment_start_s: float | None = None
         self._last_generated: int | None = None
         self._window_start_s: float | None = None
@@ -184,8 +186,9 @@ class RateMeter:
         self.last_hybrid_window_samples_per_s = 0.0
         """The latest hybrid window's own fill rate (0 until one closed)."""
         self._cycle_rs = 0.0
-        self._cycle_hybrids_served = False
-        """Hybrids were added in the sync cycle in progress (even for a window that closed at once)."""
+        self._cycle_hybrids_served = hybrids_serving > 0
+        """Hybrids served in the sync cycle in progress: serving at its start or added in it (even for a
+        window that closed at once)."""
         self._last_cycle_static = False
         """No hybrid served in the last sync cycle, and one served in an earlier cycle."""
         self._hybrids_served = False
@@ -228,7 +231,7 @@ class RateMeter:
             if self._cycle_generated is not None and self._cycle_rs > 0:
                 produced = max(0, total_generated - self._cycle_generated)
                 self._cycle.add(produced, self._cycle_rs)
-                static = not self._cycle_hybrids_served and self.hybrids_serving == 0
+                static = not self._cycle_hybrids_served
                 if static and self._last_cycle_static and self.trainer_s_per_micro_step > 0:
                     self._static.add(produced * self.trainer_s_per_micro_step, self._cycle_rs)
                 # before any hybrid served the pooled rate is this measurement: count from the first switch

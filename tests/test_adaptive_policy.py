@@ -435,6 +435,20 @@ def test_a_switch_whose_window_closed_at_once_still_leaves_the_next_cycle_unstea
     assert meter.static_samples_per_replica_s == pytest.approx(2.0)
 
 
+def test_a_meter_built_while_hybrids_serve_counts_its_first_cycle_as_one_with_hybrids():
+    """A controller restarted in HYBRID_ACTIVE builds its meter with the hybrids serving: the cycle they
+    serve in, and the one after it, are not steady cycles asleep."""
+    meter = RateMeter(num_standalone=2, num_hybrid=2, hybrids_serving=2)
+    meter.record_micro_step(10.0)
+    meter.read_progress(0.0, 0, cycle_end=True)
+    meter.set_serving(5.0, hybrids=0)
+    meter.read_progress(10.0, 40, cycle_end=True)
+    cycle(meter, 10.0, 60)  # asleep right after the hybrids served: not steady
+    assert meter.static_samples_per_replica_s == 0.0
+    cycle(meter, 20.0, 100)
+    assert meter.static_samples_per_replica_s == pytest.approx(2.0)
+
+
 def test_the_meter_scales_the_standalones_alone_by_the_trainers_micro_step_time_then_over_now():
     meter = RateMeter(num_standalone=2, num_hybrid=2)
     meter.record_micro_step(10.0)
