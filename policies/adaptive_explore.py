@@ -40,6 +40,6 @@ def exploring_wait(ctx: DynamicScheduleContext, *, activate_s: float, deactivate
         return 0
     low_s = switch_cost_s(activate_s=activate_s, deactivate_s=deactivate_s,
                           prior_s=EXPLORE_PRIOR_FRACTION * ctx.trainer_s_per_micro_step)
-    wait, dynamic_idle = best_wait(ctx, switch_s=low_s)
+    wait, _, dynamic_idle, _ = best_wait(ctx, switch_s=low_s)
     gain = max(0.0, static_idle) - max(low_s, dynamic_idle + activate_bias)
     return wait if gain > min_gain_s and wait > ctx.queued_samples else 0

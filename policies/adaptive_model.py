@@ -6,23 +6,57 @@ Where it sits: imported by `policies/adaptive_policy.py` only; no state, no cont
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 
 def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float,
                  first_rate: float = 0.0) -> float:
-    """Trainer seconds spent waiting over `micro_steps` micro-steps, starting with `queued` samples and
-    producing `rate` samples/s throughout (fluid model); `first_rate`, when given, is the rate of a wait
-    before the first micro-step (right after the sync, samples in flight finish at their own pace)."""
-    idle = 0.0
+    """Trainer seconds spent waiting over `micro_steps` micro-steps (`cycle_queue`'s idle)."""
+    return cycle_queue(queued=queued, rate=rate, required=required, micro_steps=micro_steps,
+                       train_s=train_s, first_rate=first_rate).idle_s
+
+
+class CycleQueue(NamedTuple):
+    """One sync cycle in the fluid model."""
+
+    idle_s: float
+    """Trainer seconds spent waiting for samples."""
+    waited_samples: float
+    """Samples the trainer waited for (produced while it idled)."""
+    end_samples: float
+    """Samples left queued when the cycle's last micro-step is done (carried into the next cycle)."""
+
+
+def cycle_queue(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float,
+                first_rate: float = 0.0) -> CycleQueue:
+    """The cycle of `micro_steps` micro-steps starting with `queued` samples and producing `rate`
+    samples/s throughout (fluid model); `first_rate`, when given, is the rate of a wait before the first
+    micro-step (right after the sync, samples in flight finish at their own pace)."""
+    idle = waited = 0.0
     for index in range(micro_steps):
         if queued < required:
             wait_rate = first_rate if index == 0 and first_rate > 0 else rate
             if wait_rate <= 0:
-                return float("inf")
-            wait = (required - queued) / wait_rate
-            idle += wait
+                return CycleQueue(float("inf"), float("inf"), 0.0)
+            idle += (required - queued) / wait_rate
+            waited += required - queued
             queued = required
         queued += rate * train_s - required
-    return idle
+    return CycleQueue(idle, waited, queued)
+
+
+def carry_value_s(*, end_samples: float, static_end_samples: float, room: float, static_waited: float,
+                  window_rate: float) -> float:
+    """Seconds of the next cycle's wait that the samples a switching cycle leaves queued beyond what a
+    cycle kept asleep would leave save: counted up to `room` (the carry-over limit less what the
+    standalones keep in flight: a version's carry-over counts queued and running samples alike, so a
+    queue filled past it only stops the rollouter) and up to the samples a cycle kept asleep waits for
+    (`static_waited`: beyond them the next cycle would not wait anyway), each worth what the next hybrid
+    window takes to produce it (`window_rate`: the conservative price; a cycle kept asleep pays more)."""
+    if window_rate <= 0:
+        return 0.0
+    extra = min(end_samples, room) - min(static_end_samples, room)
+    return min(max(0.0, extra), static_waited) / window_rate
 
 
 def in_flight_credit_rate(*, pooled: float, fill_rate: float, serving_rate: float, load_cost: float) -> float:

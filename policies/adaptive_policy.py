@@ -14,7 +14,9 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   then pays the switch (activation + deactivation + the trainer's offload/onload, measured) while
   the standalones keep producing, then trains the cycle at P_s. `dynamic_idle(X)` = its waits plus
   the switch.
-- X ranges over [required, step_required]: the hybrids may serve until the whole cycle is queued.
+- X ranges over [required, step_required]: the hybrids may serve until the whole cycle is queued. Of the
+  X with the least idle once the samples left queued for the next cycle are credited (within the carry-over
+  room, `adaptive_cycle.best_wait`), the largest: not the knife-edge the cycle's own idle alone picks.
 - Rates: P_s is the per-replica rate pooled over whole sync cycles (it credits a hybrid's work
   finished on a standalone after the deactivation; the seconds the rollouter sat idle at its staleness
   limit are left out, core/measure.py); P_h = P_s x `ctx.hybrid_production_gain` (the requests in flight
@@ -71,7 +73,7 @@ from policies.adaptive_model import (
     applied_corrections,
     clip_outlier,
     corrections_standard_error,
-    cycle_idle_s,
+    cycle_queue,
     first_or_ewma,
     pool_wait,
     pooled_rate,
@@ -184,7 +186,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if self.only_hybrid:
             wait = ctx.step_required_samples
         else:
-            wait = self.planned_wait_samples or best_wait(ctx, switch_s=self.switch_cost_s(ctx))[0]
+            wait = self.planned_wait_samples or best_wait(ctx, switch_s=self.switch_cost_s(ctx)).wait
         self.planned_wait_samples = 0
         self.switched["deactivate"] = True
         self.last_decision = {"decision": "deactivate", "wait_for_samples": wait,
@@ -227,12 +229,13 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         level = queue_level(ctx.queued_samples, required=ctx.required_samples, levels=QUEUE_LEVELS)
         first_rate = pooled_rate(self.static_first_fill, min_samples=ctx.required_samples)
         asleep_rate = static_rate(ctx, pooled=standalone_rate)
-        static_idle = cycle_idle_s(queued=max(0, surplus), rate=asleep_rate,
-                                   first_rate=first_rate, required=ctx.required_samples,
-                                   micro_steps=ctx.trigger_parameter_sync_step,
-                                   train_s=ctx.trainer_s_per_micro_step)
+        static = cycle_queue(queued=max(0, surplus), rate=asleep_rate, first_rate=first_rate,
+                             required=ctx.required_samples, micro_steps=ctx.trigger_parameter_sync_step,
+                             train_s=ctx.trainer_s_per_micro_step)
+        static_idle = static.idle_s
         switch_s = self.switch_cost_s(ctx)
-        wait, dynamic_idle = best_wait(ctx, switch_s=switch_s)
+        choice = best_wait(ctx, switch_s=switch_s, static=static)
+        wait, dynamic_idle = choice.wait, choice.least_idle_s
         min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
         # The model corrected by its own measured error at this queue level: a switch that measured worse
         # than predicted (or static cycles that idled more than predicted) moves the comparison by that much.
@@ -276,7 +279,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.activations_in_row = 0
         self.predicted_activate = activate
         self.predicted_level = level
-        self.predicted_idle_s = dynamic_idle if activate else static_idle
+        self.predicted_idle_s = choice.idle_s if activate else static_idle
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
             "decision": "activate" if activate else "stay", "queued": surplus, "why": why,
@@ -290,6 +293,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),
             "switch_cost_s": round(switch_s, 3), "static_idle_s": round(static_idle, 3),
             "min_gain_s": round(min_gain_s, 3), "dynamic_idle_s": round(dynamic_idle, 3),
+            "wait_idle_s": round(choice.idle_s, 3), "carry_value_s": round(choice.carry_value_s, 3),
             "wait_for_samples": wait, "carry_over_limit": ctx.carry_over_limit_samples}
         return activate
 

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 from core.measure import RateMeter
 from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
 from policies.adaptive_model import (
+    carry_value_s,
+    cycle_idle_s,
     in_flight_credit_rate,
     moving_mean_var,
     robust_moving_mean_var,
     standard_error,
 )
-from policies.adaptive_policy import FIRST_STAY_AFTER, RETRY_EVERY, RETRY_MAX, cycle_idle_s
+from policies.adaptive_policy import FIRST_STAY_AFTER, RETRY_EVERY, RETRY_MAX
 
 
 def make_ctx(
@@ -217,7 +220,41 @@ def test_a_window_whose_replicas_worked_beyond_the_modelled_production_ends_soon
 
     unmeasured = planned_wait(0.0)  # no whole cycle measured: P_s from the standalones' windows alone
     measured = planned_wait(0.75)  # the same P_s, and every serving replica's work measured
-    assert (unmeasured, measured) == (22, 17)
+    assert (unmeasured, measured) == (23, 17)  # unmeasured: X 22 and 23 tie (23 waits for no sample)
+
+
+def test_samples_a_window_leaves_queued_are_worth_the_next_cycles_wait_only_within_the_carry_over_room():
+    def value(end: float, *, room: float = 20.0, static_waited: float = 10.0) -> float:
+        return carry_value_s(end_samples=end, static_end_samples=4.0, room=room, static_waited=static_waited,
+                             window_rate=2.0)
+
+    assert value(10.0) == pytest.approx((10.0 - 4.0) / 2.0)
+    assert value(30.0) == pytest.approx(10.0 / 2.0)  # no more than the cycle kept asleep waits for
+    assert value(30.0, static_waited=40.0) == pytest.approx((20.0 - 4.0) / 2.0)  # none past the room
+    assert value(30.0, room=3.0) == 0.0  # the standalones' own samples in flight fill the carry-over
+    assert value(2.0) == 0.0
+
+
+def test_a_window_waits_past_the_one_cycle_optimum_for_what_the_next_cycle_would_wait_for():
+    # production-bound, carry-over 32 samples: the cycle's least idle is at X 17; each sample more costs
+    # its window time now and saves the same in the next cycle, so X runs on while there is carry-over
+    # room left beside the standalones' samples in flight (2 x 8: room 16; 2 x 16: none)
+    def decide(concurrency: int) -> tuple[int, dict[str, Any]]:
+        ctx = production_bound(surplus=0, concurrent_samples_per_replica=concurrency,
+                               trainer_s_per_micro_step=4.0, samples_per_replica_s=0.75,
+                               standalone_samples_per_replica_s=0.75, hybrid_window_samples_per_s=1.5)
+        policy = make_adaptive()
+        assert policy.should_activate_after_step(8, False, ctx) is True
+        decision = dict(policy.last_decision)
+        return policy.deactivate_wait_samples(ctx), decision
+
+    (roomy, with_room), (full, without_room) = decide(8), decide(16)
+    assert (roomy, full) == (22, 17)
+    # the activation decision compares the least idle, the same in both
+    assert with_room["dynamic_idle_s"] == without_room["dynamic_idle_s"]
+    net = with_room["wait_idle_s"] - with_room["carry_value_s"]
+    assert net == pytest.approx(with_room["dynamic_idle_s"], abs=0.01)  # X 22 costs what X 17 does
+    assert without_room["carry_value_s"] == 0.0
 
 
 def test_a_consumption_bound_cycle_never_activates():
