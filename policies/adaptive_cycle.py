@@ -73,20 +73,19 @@ def best_wait(ctx: DynamicScheduleContext, *, switch_s: float,
     wanted = 0.0 if static is None else static.waited_samples
     if ctx.total_samples > 0:  # nothing carried past the run's last cycle is worth anything
         wanted = min(wanted, max(0, ctx.total_samples - ctx.expected_samples - ctx.step_required_samples))
-    best = WaitChoice(ctx.required_samples, float("inf"), float("inf"), 0.0)
-    best_cost = float("inf")
+    chosen = (ctx.required_samples, float("inf"), 0.0)
+    least_idle = best_cost = float("inf")
     for wait in range(ctx.required_samples, ctx.step_required_samples + 1):
         cycle, window_rate = dynamic_cycle(ctx, wait=wait, switch_s=switch_s)
         value = 0.0 if static is None else carry_value_s(
             end_samples=cycle.end_samples, static_end_samples=static.end_samples, room=room,
             static_waited=wanted, window_rate=window_rate)
-        least = min(best.least_idle_s, cycle.idle_s)
+        least_idle = min(least_idle, cycle.idle_s)
         if cycle.idle_s - value <= best_cost + WAIT_TIE_S:
             best_cost = min(best_cost, cycle.idle_s - value)
-            best = WaitChoice(wait, cycle.idle_s, least, value)
-        else:
-            best = best._replace(least_idle_s=least)
-    return best
+            chosen = (wait, cycle.idle_s, value)
+    wait, idle, value = chosen
+    return WaitChoice(wait, idle, least_idle, value)
 
 
 def dynamic_cycle(ctx: DynamicScheduleContext, *, wait: int, switch_s: float) -> tuple[CycleQueue, float]:

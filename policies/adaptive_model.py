@@ -9,13 +9,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
-def cycle_idle_s(*, queued: float, rate: float, required: int, micro_steps: int, train_s: float,
-                 first_rate: float = 0.0) -> float:
-    """Trainer seconds spent waiting over `micro_steps` micro-steps (`cycle_queue`'s idle)."""
-    return cycle_queue(queued=queued, rate=rate, required=required, micro_steps=micro_steps,
-                       train_s=train_s, first_rate=first_rate).idle_s
-
-
 class CycleQueue(NamedTuple):
     """One sync cycle in the fluid model."""
 

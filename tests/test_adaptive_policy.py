@@ -11,7 +11,7 @@ from core.measure import RateMeter
 from policies import AdaptiveDynamicSchedulePolicy, DynamicScheduleContext, build_policy
 from policies.adaptive_model import (
     carry_value_s,
-    cycle_idle_s,
+    cycle_queue,
     in_flight_credit_rate,
     moving_mean_var,
     robust_moving_mean_var,
@@ -66,11 +66,11 @@ def production_bound(**overrides: float) -> DynamicScheduleContext:
 
 
 def test_a_queue_that_outpaces_the_trainer_predicts_no_idle():
-    assert cycle_idle_s(queued=16, rate=3.0, required=16, micro_steps=4, train_s=6.0) == 0.0
+    assert cycle_queue(queued=16, rate=3.0, required=16, micro_steps=4, train_s=6.0).idle_s == 0.0
 
 
 def test_the_first_wait_can_have_its_own_rate_and_the_later_ones_keep_the_cycle_rate():
-    idle = cycle_idle_s(queued=0, rate=1.0, required=16, micro_steps=2, train_s=6.0, first_rate=4.0)
+    idle = cycle_queue(queued=0, rate=1.0, required=16, micro_steps=2, train_s=6.0, first_rate=4.0).idle_s
     assert idle == pytest.approx(16 / 4.0 + (16 - 6.0) / 1.0)
 
 
@@ -96,12 +96,12 @@ def test_an_outlier_moves_the_mean_only_to_its_clip_and_the_variance_by_all_of_i
 
 
 def test_an_empty_queue_waits_for_the_first_micro_step_at_the_production_rate():
-    idle = cycle_idle_s(queued=0, rate=4.0, required=16, micro_steps=1, train_s=6.0)
+    idle = cycle_queue(queued=0, rate=4.0, required=16, micro_steps=1, train_s=6.0).idle_s
     assert idle == pytest.approx(4.0)
 
 
 def test_no_production_and_a_short_queue_predict_an_endless_wait():
-    assert math.isinf(cycle_idle_s(queued=0, rate=0.0, required=16, micro_steps=1, train_s=6.0))
+    assert math.isinf(cycle_queue(queued=0, rate=0.0, required=16, micro_steps=1, train_s=6.0).idle_s)
 
 
 # ---- decisions ----
@@ -758,7 +758,7 @@ def test_a_cycle_kept_asleep_measures_the_rate_of_its_first_wait_for_the_static_
     assert policy.static_first_fill == [16.0, 2.0]  # 16 samples in 2 s
     assert policy.last_decision["first_wait_samples_per_s"] == 8.0
     assert policy.last_decision["static_idle_s"] == pytest.approx(
-        cycle_idle_s(queued=10, rate=1.5, required=16, micro_steps=4, train_s=6.0, first_rate=8.0))
+        cycle_queue(queued=10, rate=1.5, required=16, micro_steps=4, train_s=6.0, first_rate=8.0).idle_s)
 
 
 def test_one_stay_that_idles_far_past_the_others_neither_sets_the_stay_correction_nor_the_first_wait_rate():
