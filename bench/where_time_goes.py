@@ -3,9 +3,11 @@
 Where it sits: a planner bench over `sim.run.simulate` (the services' own orchestration on the
 virtual clock). For each run asked for it prints the trainer's cycle split into what it did:
 computing, waiting for samples with the hybrids lent (the deactivation's WaitForSamples), the
-deactivation itself (sleep, trainer onload), waiting in later collections (trainer idle), the sync
-(standalone sync + activation), and the partial-rollout losses (tokens prefilled again after an
-abort, as a share of the tokens decoded). All numbers are means over the run's cycles, in modelled
+deactivation itself (the hybrids' sleep, and the trainer's onload where `dynamic_schedule_overlap_sleep`
+runs it at once with the sleep), waiting in later collections (trainer idle), the sync (standalone sync
++ activation), `other` (the rest of `timing_s/step`: the trainer's onload after the sleep where the two
+do not overlap), and the partial-rollout losses (tokens prefilled again after an abort, as a share of
+the tokens decoded). All numbers are means over the run's cycles, in modelled
 seconds; `activated` is the share of cycles that lent the hybrids.
 
 Run: ``python -m bench.where_time_goes [--config FILE] [--policy P ...] [--split 16:16]
