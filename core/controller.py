@@ -89,7 +89,8 @@ TRANSITIONS: dict[Mode, frozenset[Mode]] = {
 
 MEASURED_FIELDS = ("standalone_samples_per_replica_s", "hybrid_samples_per_replica_s",
                    "samples_per_replica_s", "static_samples_per_replica_s", "hybrid_window_samples_per_s",
-                   "last_hybrid_window_samples_per_s", "trainer_s_per_micro_step", "decode_load_cost")
+                   "last_hybrid_window_samples_per_s", "trainer_s_per_micro_step", "decode_load_cost",
+                   "handover_on_time_share")
 """The context fields the controller fills from its measurements (`record_measurements`)."""
 
 

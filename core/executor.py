@@ -186,7 +186,8 @@ class ExecutorCore:
                                       hybrid_window_samples_per_s=m.hybrid_window_samples_per_s,
                                       last_hybrid_window_samples_per_s=m.last_hybrid_window_samples_per_s,
                                       trainer_s_per_micro_step=m.trainer_s_per_micro_step,
-                                      decode_load_cost=m.decode_load_cost)
+                                      decode_load_cost=m.decode_load_cost,
+                                      handover_on_time_share=m.handover_on_time_share)
 
     def _explain(self, version: int) -> Plan[None]:
         """Audit the numbers behind the policy's decision, when the policy gives them."""
@@ -205,6 +206,7 @@ class ExecutorCore:
             progress: RolloutProgress = yield ReadProgress()
             self.meter.read_progress(self.clock(), progress.total_generated, cycle_end=True,
                                      idle_s=progress.idle_s)
+            self.meter.record_handover(handed_over=progress.handed_over, on_time=progress.handed_over_on_time)
             self._measure_micro_step()
             commands = core.begin_sync(global_steps=event.global_steps, version=event.version,
                                        total_generated_samples=progress.total_generated,

@@ -148,3 +148,7 @@ class RolloutProgress:
     """Every prompt has been fed: nothing new will be started."""
     idle_s: float = -1.0
     """Seconds the rollouter has been idle (paused, nothing generating) since it started (-1: not read)."""
+    handed_over: int = 0
+    """Samples the last hybrid window handed to the standalones (this version's, before its reset)."""
+    handed_over_on_time: int = 0
+    """Of those, the samples queued since: they arrived within their window's cycle."""

@@ -14,6 +14,13 @@ requests and context tokens its engine held meanwhile (`InflightClock` in the vL
 simulated replica) reach the rollouter, which sums them per version (`DecodeFit`) into its reset report;
 the meter keeps those sums decayed per version.
 
+When a hybrid window's work arrives: the rollouter marks every sample whose attempt was aborted on a hybrid
+(a deactivation hands it to the standalones, partial rollout) and counts, per version, how many were handed
+over and how many of those were queued since (its status, read at the sync before the decision; the same
+counts in its reset report, `HANDED_OVER` and `HANDED_OVER_ON_TIME`); the meter keeps both decayed per
+window that handed any over. Short responses finish within the cycle that lent the GPUs; long ones (a long
+chain of thought) mostly in the next.
+
 Windows: the time between two progress readings is one window. A window in which no hybrid
 served measures the standalones; a window in which hybrids served measures the hybrids' extra
 production over what the standalones' measured rate explains. Both are decayed totals
@@ -49,6 +56,10 @@ class _Decayed:
 
 DECODE_FIT_PREFIX = "dynsched/rollout/decode_fit_"
 """The rollouter's per-version DecodeFit sums in its reset report (and so in the cycle's metrics)."""
+HANDED_OVER = "dynsched/rollout/handed_over_samples"
+"""The rollouter's reset report: samples a hybrid's abort handed to the standalones in the version."""
+HANDED_OVER_ON_TIME = "dynsched/rollout/handed_over_on_time_samples"
+"""Of those, the samples queued before the version's sync (the others arrive in a later cycle)."""
 MIN_INFLIGHT_SPREAD = 1.0
 """Least standard deviation of the in-flight counts (requests) a decode fit needs: an engine that ran at
 one batch size all along shows no slope."""
@@ -195,12 +206,20 @@ class RateMeter:
         self._cycle_generated: int | None = None
         self.trainer_s_per_micro_step = 0.0
         self._decode = DecodeFit()
+        self._handover = _Decayed()
+        """Handed-over samples queued before their version's sync / handed over, per window, decayed."""
 
     # ---- inputs ----
 
     def record_decode_fit(self, rollouter_report: dict[str, float]) -> None:
         """The rollouter's reset report of a version: its finished attempts' decode fit sums."""
         self._decode.add_decayed(DecodeFit.from_metrics(rollouter_report))
+
+    def record_handover(self, *, handed_over: int, on_time: int) -> None:
+        """At a sync, before its decision: the samples the last hybrid window handed to the standalones,
+        and of those the ones queued since (a cycle that handed none over leaves the share as it was)."""
+        if handed_over > 0:
+            self._handover.add(min(handed_over, max(0, on_time)), handed_over)
 
     def set_serving(self, now_s: float, *, standalones: int | None = None,
                     hybrids: int | None = None) -> None:
@@ -310,6 +329,12 @@ class RateMeter:
     def decode_load_cost(self) -> float:
         """The engines' step part that grows with their load over the fixed part (0 until measured)."""
         return self._decode.load_cost
+
+    @property
+    def handover_on_time_share(self) -> float:
+        """The share of a hybrid window's handed-over samples queued within that window's own cycle (1.0
+        until a window handed any over: all of them, as the policy's model assumed before it was measured)."""
+        return self._handover.value if self._handover.den > 0 else 1.0
 
     def _close_segment(self, now_s: float) -> None:
         if self._segment_start_s is not None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from core import metrics as M
 from core.flow import FlowLimits, StalenessTracker
-from core.measure import DecodeFit
+from core.measure import HANDED_OVER, HANDED_OVER_ON_TIME, DecodeFit
 from core.metrics import UtilizationHistory
 from shared.names import RolloutStateField as F
 
@@ -55,6 +55,10 @@ class RolloutStatus:
     """Seconds of the rollouter's closed idle windows (paused with nothing generating) since it started."""
     idle_since_s: float | None = None
     """When its open idle window began, on its clock (None: not idle)."""
+    handed_over: int = 0
+    """Samples a hybrid's abort handed to the standalones in this version (since the last reset)."""
+    handed_over_on_time: int = 0
+    """Of those, the samples queued since."""
 
     def idle_seconds(self, now_s: float) -> float:
         """Its idle seconds up to `now_s` (the rollouter's clock), the open window included: what the
@@ -71,7 +75,8 @@ class RolloutStatus:
         return {F.PAUSED: int(self.paused), F.ACTIVE_TASKS: self.active_tasks,
                 F.FEED_DONE: int(self.feed_done), F.MAX_CONCURRENT_SAMPLES: self.max_concurrent_samples,
                 F.STALENESS_SAMPLES: self.staleness_samples, F.IDLE_CLOSED_S: self.idle_closed_s,
-                F.IDLE_SINCE_S: "" if self.idle_since_s is None else self.idle_since_s}
+                F.IDLE_SINCE_S: "" if self.idle_since_s is None else self.idle_since_s,
+                F.HANDED_OVER: self.handed_over, F.HANDED_OVER_ON_TIME: self.handed_over_on_time}
 
     @classmethod
     def from_hash(cls, state: dict[str, str]) -> RolloutStatus:
@@ -81,7 +86,9 @@ class RolloutStatus:
                    max_concurrent_samples=int(state.get(F.MAX_CONCURRENT_SAMPLES, 0)),
                    staleness_samples=int(state.get(F.STALENESS_SAMPLES, 0)),
                    idle_closed_s=float(state.get(F.IDLE_CLOSED_S) or 0.0),
-                   idle_since_s=float(state[F.IDLE_SINCE_S]) if state.get(F.IDLE_SINCE_S) else None)
+                   idle_since_s=float(state[F.IDLE_SINCE_S]) if state.get(F.IDLE_SINCE_S) else None,
+                   handed_over=int(state.get(F.HANDED_OVER, 0)),
+                   handed_over_on_time=int(state.get(F.HANDED_OVER_ON_TIME, 0)))
 
 
 class SampleLifecycle:
@@ -107,6 +114,11 @@ class SampleLifecycle:
         self.idle = False
         self.decode = DecodeFit()
         """The version's finished attempts: seconds per token against the engine's load (core/measure.py)."""
+        self.handed_over: set[str] = set()
+        """Generating samples whose attempt a hybrid aborted in this version (handed to the standalones)."""
+        self.handed_over_count = 0
+        self.handed_over_on_time = 0
+        """This version's handed-over samples, and those of them queued before its sync."""
 
     # ---- restart ----
 
@@ -142,8 +154,18 @@ class SampleLifecycle:
         self._record(now_s)
         return sample_id
 
+    def on_handed_over(self, sample_id: str) -> None:
+        """An attempt of a generating sample was aborted on a hybrid (its deactivation): the sample's work
+        goes on on the standalones. Counted once per sample and version."""
+        if sample_id in self.active and sample_id not in self.handed_over:
+            self.handed_over.add(sample_id)
+            self.handed_over_count += 1
+
     def on_enqueued(self, sample_id: str, now_s: float) -> None:
         """Every trajectory finished and the sample was written to the MessageQueue."""
+        if sample_id in self.handed_over:
+            self.handed_over.discard(sample_id)
+            self.handed_over_on_time += 1
         self.active.discard(sample_id)
         self.tracker.on_generated()
         self._record(now_s)
@@ -184,8 +206,12 @@ class SampleLifecycle:
         self.version = version
         limits = self.limits
         decode, self.decode = self.decode, DecodeFit()
+        handed_over, on_time = self.handed_over_count, self.handed_over_on_time
+        self.handed_over, self.handed_over_count, self.handed_over_on_time = set(), 0, 0
         return {
             **decode.to_metrics(),
+            HANDED_OVER: handed_over,
+            HANDED_OVER_ON_TIME: on_time,
             M.STEP_GENERATED: report.step_generated_samples,
             M.ROLLOUTER_IDLE: report.idle_ratio,
             M.ROLLOUTER_VERSION_TIME: report.version_time_s,
@@ -209,7 +235,8 @@ class SampleLifecycle:
                              feed_done=self.feed_done, max_concurrent_samples=self.max_concurrent,
                              staleness_samples=self.tracker.staleness_samples,
                              idle_closed_s=self.tracker.idle_closed_total_s,
-                             idle_since_s=self.tracker.idle_open_since_s)
+                             idle_since_s=self.tracker.idle_open_since_s,
+                             handed_over=self.handed_over_count, handed_over_on_time=self.handed_over_on_time)
 
     def _end_idle(self, now_s: float) -> None:
         if self.idle:

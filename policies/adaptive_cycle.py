@@ -93,8 +93,10 @@ def dynamic_cycle(ctx: DynamicScheduleContext, *, wait: int, switch_s: float) ->
     costing `switch_s`: the queue fills at the windows' measured rate F (0: unmeasured; slower than the
     pooled rate, a window being short against a sample's latency); the replicas' work beyond F in that time
     is in flight (a hybrid's is resumed on a standalone) and is credited after the switch
-    (`in_flight_credit_rate`). The cycle's idle counts the window and the switch; the window's rate is F
-    plus that credit (what a sample costs in a window)."""
+    (`in_flight_credit_rate`), for the share of it measured to arrive within the cycle
+    (`ctx.handover_on_time_share`: the rest feeds the next cycle, whose measured rates count it). The
+    cycle's idle counts the window and the switch; the window's rate is F plus that credit (what a sample
+    costs in a window)."""
     standalone_rate, hybrid_rate = rates(ctx)
     if standalone_rate <= 0 or ctx.trainer_s_per_micro_step <= 0:
         return CycleQueue(float("inf"), float("inf"), 0.0), 0.0
@@ -103,8 +105,8 @@ def dynamic_cycle(ctx: DynamicScheduleContext, *, wait: int, switch_s: float) ->
     surplus = max(0, ctx.queued_samples)
     fill_s = max(0, wait - surplus) / fill_rate
     serving_rate = ctx.samples_per_replica_s * (ctx.num_standalone_replicas + ctx.num_hybrid_replicas)
-    credit = in_flight_credit_rate(pooled=pooled, fill_rate=fill_rate, serving_rate=serving_rate,
-                                   load_cost=ctx.decode_load_cost)
+    credit = ctx.handover_on_time_share * in_flight_credit_rate(
+        pooled=pooled, fill_rate=fill_rate, serving_rate=serving_rate, load_cost=ctx.decode_load_cost)
     queued = max(wait, surplus) + standalone_rate * switch_s + credit * fill_s
     after = cycle_queue(queued=queued, rate=standalone_rate, required=ctx.required_samples,
                         micro_steps=ctx.trigger_parameter_sync_step, train_s=ctx.trainer_s_per_micro_step)

@@ -24,7 +24,8 @@ The model (a fluid queue over one sync cycle of `trigger` micro-steps of `requir
   0 where neither pays: it then never activates); the queue fills during the window at the rate
   measured in the hybrid windows (slower: a window is short against a sample's
   latency); the window's work still in flight at the deactivation is credited after the switch
-  (`adaptive_model.in_flight_credit_rate`: beyond P_s + P_h at the engines' marginal rate). The static
+  (`adaptive_model.in_flight_credit_rate`: beyond P_s + P_h at the engines' marginal rate), for the share of
+  the handed-over samples measured to arrive before the next sync (`ctx.handover_on_time_share`). The static
   prediction's wait before the first micro-step uses the rate such waits saw in cycles kept asleep:
   the queue filling right after the sync with the standalones alone, the hybrid window's counterpart
   (samples in flight at the sync finish at their own pace, not at the cycle's average rate); its P_s is

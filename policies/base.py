@@ -130,6 +130,10 @@ class DynamicScheduleContext:
     DecodeFit over the finished attempts, decayed per version; 0 = flat or not measured yet). Spreading
     the same load over more engines shrinks that part; the load the tokens saw is below the nominal one
     where a long tail runs nearly alone."""
+    handover_on_time_share: float = 1.0
+    """Of the samples a hybrid window handed to the standalones (an attempt aborted at its deactivation),
+    the share queued before that cycle's sync (measured per window, decayed; 1.0 until a window handed any
+    over). Short responses finish in the window's own cycle; long ones mostly in the next."""
     last_switch_overhead_s: float = 0.0
     """Trainer seconds lost to this cycle's switches outside the two durations above: its offload
     before the hybrids woke and its onload after they slept (measured; cleared with them)."""

@@ -111,6 +111,10 @@ class RolloutStateField(StrEnum):
     """Seconds of the rollouter's closed idle windows (paused, nothing generating) since it started."""
     IDLE_SINCE_S = "idle_since_s"
     """Epoch seconds its open idle window began ('' while not idle)."""
+    HANDED_OVER = "handed_over"
+    """Samples a hybrid's abort handed to the standalones since the last staleness reset (this version)."""
+    HANDED_OVER_ON_TIME = "handed_over_on_time"
+    """Of those, the samples queued since (before the next sync, they arrived in their window's cycle)."""
 
 
 class TrainerStateField(StrEnum):

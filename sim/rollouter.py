@@ -125,6 +125,8 @@ class SimRollouter:
         for replica_id in replica_ids:
             replica = self.replicas[replica_id]
             for req in replica.abort_all():
+                if replica.hybrid:
+                    self.lifecycle.on_handed_over(sample_id_at(req.sample.index))
                 self.lb.release(replica_id)
                 self.engine.after(delay_s, self._route, req)
                 num_aborted += 1

@@ -168,7 +168,9 @@ class Simulation:
             tracker, status = r.lifecycle.tracker, r.lifecycle.status()  # the status: what the live one reads
             return ex.RolloutProgress(total_generated=tracker.total_generated,
                                       completed_steps=tracker.completed_steps, queue_size=len(r.mq),
-                                      feed_done=status.feed_done, idle_s=status.idle_seconds(self._now()))
+                                      feed_done=status.feed_done, idle_s=status.idle_seconds(self._now()),
+                                      handed_over=status.handed_over,
+                                      handed_over_on_time=status.handed_over_on_time)
         elif isinstance(op, ex.ReleaseTrainer | ex.AcquireTrainer):
             yield from self._move_trainer(on_gpu=isinstance(op, ex.AcquireTrainer))
         elif isinstance(op, ex.Concurrently):

@@ -223,6 +223,34 @@ def test_a_window_whose_replicas_worked_beyond_the_modelled_production_ends_soon
     assert (unmeasured, measured) == (23, 17)  # unmeasured: X 22 and 23 tie (23 waits for no sample)
 
 
+def test_a_window_whose_handed_over_samples_arrive_late_waits_for_more_samples_before_the_switch():
+    # the same window as above, its in-flight work credited for the share measured to arrive in the cycle
+    def planned_wait(on_time_share: float) -> int:
+        ctx = production_bound(surplus=0, concurrent_samples_per_replica=32, trainer_s_per_micro_step=4.0,
+                               samples_per_replica_s=0.75, standalone_samples_per_replica_s=0.75,
+                               hybrid_window_samples_per_s=1.5)
+        ctx.handover_on_time_share = on_time_share
+        policy = make_adaptive()
+        if not policy.should_activate_after_step(8, False, ctx):
+            return 0
+        return policy.deactivate_wait_samples(ctx)
+
+    assert planned_wait(1.0) == 17  # every handed-over sample arrives in the cycle: as before
+    assert planned_wait(1.0) < planned_wait(0.5) < planned_wait(0.2)  # the queue must hold more at the switch
+    assert planned_wait(0.0) == 0  # nothing credited: the window no longer pays here
+
+
+def test_the_meter_pools_the_on_time_share_of_handed_over_samples_over_the_windows_that_had_any():
+    meter = RateMeter(num_standalone=2, num_hybrid=2)
+    assert meter.handover_on_time_share == 1.0  # unmeasured: the model's assumption
+    meter.record_handover(handed_over=10, on_time=2)
+    assert meter.handover_on_time_share == pytest.approx(0.2)
+    meter.record_handover(handed_over=0, on_time=0)  # a cycle kept asleep (or a rollouter from before)
+    assert meter.handover_on_time_share == pytest.approx(0.2)
+    meter.record_handover(handed_over=10, on_time=10)
+    assert meter.handover_on_time_share == pytest.approx((0.8 * 2 + 10) / (0.8 * 10 + 10))
+
+
 def test_samples_a_window_leaves_queued_are_worth_the_next_cycles_wait_only_within_the_carry_over_room():
     def value(end: float, *, room: float = 20.0, static_waited: float = 10.0) -> float:
         return carry_value_s(end_samples=end, static_end_samples=4.0, room=room, static_waited=static_waited,

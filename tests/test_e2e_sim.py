@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from core import controller as cc
-from core.measure import DecodeFit
+from core.measure import HANDED_OVER, HANDED_OVER_ON_TIME, DecodeFit
 from core.metrics import DECODE_LOAD_COST
 from services.controller.admin import PrometheusExporter, build_app
 from services.launcher import LOST
@@ -108,7 +108,8 @@ async def test_a_sync_with_enough_samples_queued_skips_activation_and_the_hybrid
         assert (cc.AddReplicas.kind, "hybrid") not in cycle
 
 
-async def test_aborted_requests_finish_on_standalones_with_min_and_max_versions_recorded(redis_server):
+async def test_requests_aborted_on_hybrids_finish_on_standalones_counted_as_handed_over_with_their_versions(
+        redis_server):
     # Responses long enough, and versions enough, that requests are still decoding when the standalones
     # sync (the sim engine decodes at the modelled rate since it runs the planner's replica; the old
     # one lost progress, so 1200 tokens over 8 versions were enough).
@@ -119,6 +120,16 @@ async def test_aborted_requests_finish_on_standalones_with_min_and_max_versions_
              and t.replica_ids[-1].startswith("standalone")]
     assert moved, "no trajectory was aborted on a hybrid and finished on a standalone"
     assert all(t.num_attempts > 1 for t in moved)
+    redis = connect(redis_server.url)
+    try:
+        cycles = [decode(f).metrics for _, f in await redis.xrange(stack.names.metrics)]
+    finally:
+        await redis.aclose()
+    # the rollouter counts them per sample and version; a cycle's metrics carry the count of the window
+    # before it (the initial sync's report, of anything handed over before it, closes no cycle)
+    handed_over = sum(m[HANDED_OVER] for m in cycles)
+    assert handed_over >= len({t.request_id.rsplit("/", 1)[0] for t in moved if t.min_version >= 1}) > 0
+    assert all(0 <= m[HANDED_OVER_ON_TIME] <= m[HANDED_OVER] for m in cycles)
     assert any(t.max_version > t.min_version for t in trajectories), \
         "no partial rollout crossed a weight sync"
     assert all(t.min_version <= t.max_version for t in trajectories)

@@ -10,6 +10,7 @@ import pytest
 from core import executor as ex
 from core import trainer_cycle as tc
 from core.flow import FlowLimits
+from core.measure import HANDED_OVER, HANDED_OVER_ON_TIME
 from core.sample_lifecycle import RolloutStatus, SampleLifecycle
 from shared.schema import (
     AuditKind,
@@ -243,6 +244,25 @@ def test_the_feed_never_exceeds_max_concurrent_and_ends_at_total_rollout_steps()
     assert [life.next_sample(mq_size=0, now_s=0.0) for _ in range(4)] == [
         "sample_0_0", "sample_0_1", "sample_0_2", None]
     assert life.feed_done and not life.status().stalled
+
+
+def test_a_sample_handed_over_by_a_hybrid_counts_once_and_on_time_only_if_queued_before_the_sync() -> None:
+    life = lifecycle()
+    early, late, never = (life.next_sample(mq_size=0, now_s=1.0) for _ in range(3))
+    assert early and late and never
+    for sample_id in (early, early, late):  # two trajectories of `early` aborted on hybrids
+        life.on_handed_over(sample_id)
+    life.on_handed_over("sample_0_99")  # not generating (already queued, or never fed): not counted
+    life.on_enqueued(early, 2.0)
+    life.on_enqueued(never, 2.0)
+    status = life.status()  # what the controller reads at the sync, before its decision
+    assert (status.handed_over, status.handed_over_on_time) == (2, 1)
+    assert RolloutStatus.from_hash({k: str(v) for k, v in status.to_hash().items()}) == status
+    report = life.reset(version=1, mq_size=2, now_s=3.0)
+    assert (report[HANDED_OVER], report[HANDED_OVER_ON_TIME]) == (2, 1)
+    life.on_enqueued(late, 4.0)  # arrived in the next cycle: late for its window, nothing in the next
+    report = life.reset(version=2, mq_size=1, now_s=5.0)
+    assert (report[HANDED_OVER], report[HANDED_OVER_ON_TIME]) == (0, 0)
 
 
 class Ticking:

@@ -9,7 +9,7 @@ import pytest
 
 from sim.cli import main as cli_main
 from sim.plan import format_table, plan, recommend
-from sim.run import flow_limits, simulate
+from sim.run import Simulation, flow_limits, simulate
 from sim.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -198,3 +198,17 @@ def test_a_plan_row_shows_the_trainer_idle_ratio_of_its_run_as_the_seed_metric_s
     assert " idle " in table.splitlines()[0]
     line = next(line for line in table.splitlines() if " 16:16" in line)
     assert f"{100 * row.trainer_idle_ratio:.1f}%" in line
+
+
+def test_the_planner_measures_more_handed_over_samples_arriving_in_their_cycle_when_it_is_long() -> None:
+    # fixed_ratio lends the GPUs every cycle; a slower trainer makes each cycle long against the responses
+    def on_time_share(seconds_per_ktoken: float) -> float:
+        scenario = small("production").with_policy("fixed_ratio").with_changes(
+            {"simulator.trainer.seconds_per_ktoken": seconds_per_ktoken})
+        simulation = Simulation(scenario)
+        simulation.run()
+        assert simulation.core.ctx.handover_on_time_share == simulation.executor.meter.handover_on_time_share
+        return simulation.executor.meter.handover_on_time_share
+
+    short_cycles, long_cycles = on_time_share(0.001), on_time_share(0.05)
+    assert 0.0 < short_cycles < long_cycles < 1.0

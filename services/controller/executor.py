@@ -94,10 +94,12 @@ class Executor:
         elif isinstance(op, ex.ReadProgress):
             state = await self._rollouter_state()
             queue_size = await group_lag(self.bus.redis, names.mq, TRAINER_GROUP)
+            status = RolloutStatus.from_hash(state)
             return ex.RolloutProgress(total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
                                       completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
-                                      queue_size=queue_size, feed_done=state.get(F.FEED_DONE) == "1",
-                                      idle_s=RolloutStatus.from_hash(state).idle_seconds(time.time()))
+                                      queue_size=queue_size, feed_done=status.feed_done,
+                                      idle_s=status.idle_seconds(time.time()), handed_over=status.handed_over,
+                                      handed_over_on_time=status.handed_over_on_time)
         elif isinstance(op, ex.Concurrently):
             return tuple(await asyncio.gather(*(self.perform(sub) for sub in op.ops)))
         elif isinstance(op, ex.Audit):

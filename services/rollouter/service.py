@@ -45,7 +45,7 @@ from shared.schema import (
     encode,
 )
 from shared.streams import ensure_group, group_lag
-from shared.vocab import FINISHED
+from shared.vocab import FINISHED, FinishReason
 
 log = logging.getLogger(__name__)
 CONSUMER = "rollouter"
@@ -65,6 +65,8 @@ class Rollouter:
             concurrent_samples_per_replica=config.async_training.concurrent_samples_per_replica,
             standalone_replicas=len(config.standalone_ids),
             hybrid_concurrent_samples_per_replica=config.async_training.hybrid_concurrent_samples_per_replica)
+        self.hybrid_ids = frozenset(config.hybrid_ids)
+        """An attempt aborted on one of these was handed to the standalones by a deactivation."""
         self.progress: dict[str, SampleProgress] = {}
         """Trajectory progress of every generating sample (the lifecycle's active set)."""
         self.epoch = 0
@@ -158,6 +160,8 @@ class Rollouter:
         progress = self.progress.get(result.sample_id)
         if progress is None:
             return  # a duplicate of a sample already queued
+        if result.finish_reason == FinishReason.ABORT and result.replica_id in self.hybrid_ids:
+            self.lifecycle.on_handed_over(result.sample_id)
         if result.finish_reason in FINISHED:
             self.lifecycle.on_attempt_finished(tokens=result.decode_tokens, seconds=result.decode_time_s,
                                                inflight=result.mean_inflight_requests,
