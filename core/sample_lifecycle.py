@@ -114,11 +114,10 @@ class SampleLifecycle:
         self.idle = False
         self.decode = DecodeFit()
         """The version's finished attempts: seconds per token against the engine's load (core/measure.py)."""
-        self.handed_over: set[str] = set()
-        """Generating samples whose attempt a hybrid aborted in this version (handed to the standalones)."""
-        self.handed_over_count = 0
+        self.handed_over_pending: set[str] = set()
+        """Samples a hybrid's abort handed to the standalones in this version, still generating."""
         self.handed_over_on_time = 0
-        """This version's handed-over samples, and those of them queued before its sync."""
+        """Samples handed over in this version and queued since (before its sync)."""
 
     # ---- restart ----
 
@@ -154,17 +153,22 @@ class SampleLifecycle:
         self._record(now_s)
         return sample_id
 
+    @property
+    def handed_over(self) -> int:
+        """Samples handed over in this version: those still generating and those queued since (a queued
+        sample is no longer active, so it cannot be handed over again)."""
+        return len(self.handed_over_pending) + self.handed_over_on_time
+
     def on_handed_over(self, sample_id: str) -> None:
         """An attempt of a generating sample was aborted on a hybrid (its deactivation): the sample's work
         goes on on the standalones. Counted once per sample and version."""
-        if sample_id in self.active and sample_id not in self.handed_over:
-            self.handed_over.add(sample_id)
-            self.handed_over_count += 1
+        if sample_id in self.active:
+            self.handed_over_pending.add(sample_id)
 
     def on_enqueued(self, sample_id: str, now_s: float) -> None:
         """Every trajectory finished and the sample was written to the MessageQueue."""
-        if sample_id in self.handed_over:
-            self.handed_over.discard(sample_id)
+        if sample_id in self.handed_over_pending:
+            self.handed_over_pending.discard(sample_id)
             self.handed_over_on_time += 1
         self.active.discard(sample_id)
         self.tracker.on_generated()
@@ -206,8 +210,8 @@ class SampleLifecycle:
         self.version = version
         limits = self.limits
         decode, self.decode = self.decode, DecodeFit()
-        handed_over, on_time = self.handed_over_count, self.handed_over_on_time
-        self.handed_over, self.handed_over_count, self.handed_over_on_time = set(), 0, 0
+        handed_over, on_time = self.handed_over, self.handed_over_on_time
+        self.handed_over_pending, self.handed_over_on_time = set(), 0
         return {
             **decode.to_metrics(),
             HANDED_OVER: handed_over,
@@ -236,7 +240,7 @@ class SampleLifecycle:
                              staleness_samples=self.tracker.staleness_samples,
                              idle_closed_s=self.tracker.idle_closed_total_s,
                              idle_since_s=self.tracker.idle_open_since_s,
-                             handed_over=self.handed_over_count, handed_over_on_time=self.handed_over_on_time)
+                             handed_over=self.handed_over, handed_over_on_time=self.handed_over_on_time)
 
     def _end_idle(self, now_s: float) -> None:
         if self.idle:
