@@ -120,6 +120,11 @@ def robust_moving_mean_var(mean: float, variance: float, value: float, *, weight
     return new_mean, new_variance
 
 
+def rescaled(values: dict[str, float], factor: float) -> dict[str, float]:
+    """Every value times `factor`."""
+    return {key: value * factor for key, value in values.items()}
+
+
 def level_correction(bias_by_level: dict[str, float], *, kind: str, level: int) -> float:
     """The measured error for a decision of `kind` ("stay" / "activate") at queue `level`, from the moving
     averages keyed "kind@level". A level not measured yet: for a stay 0 (the uncorrected model): a stay's

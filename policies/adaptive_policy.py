@@ -79,6 +79,7 @@ from policies.adaptive_model import (
     pool_wait,
     pooled_rate,
     queue_level,
+    rescaled,
     robust_moving_mean_var,
 )
 from policies.adaptive_rebalance import choose_rebalance, credit_fill_rate, new_fill_rates
@@ -164,6 +165,9 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         their ratio is used once they hold a micro-step's worth of samples (`adaptive_model.pooled_rate`)."""
         self.predicted_level = 0
         """The queue level (`adaptive_model.queue_level`) the last decision was taken at."""
+        self.bias_unit_s = 0.0
+        """The cycle's training time (trigger x the trainer's seconds per micro-step) the corrections are in
+        seconds of: when responses lengthen, the errors grow with it (`_rescale_corrections`)."""
         self.stays_by_bias = 0
         """Consecutive cycles kept asleep only by the measured error (the uncorrected model said activate)."""
         self.retry_after = RETRY_EVERY
@@ -227,6 +231,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                          "step and the standalones alone hold fewer than max_required",
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
+        self._rescale_corrections(ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step)
         level = queue_level(ctx.queued_samples, required=ctx.required_samples, levels=QUEUE_LEVELS)
         first_rate = pooled_rate(self.static_first_fill, min_samples=ctx.required_samples)
         asleep_rate = static_rate(ctx, pooled=standalone_rate)
@@ -358,6 +363,15 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.static_first_fill = pool_wait(self.static_first_fill, samples=ctx.step_wait_samples[0],
                                                seconds=ctx.step_wait_times[0], weight=BIAS_EWMA)
         self.predicted_idle_s = -1.0
+
+    def _rescale_corrections(self, unit_s: float) -> None:
+        """Keep the measured errors in proportion to the cycle's training time: where samples lengthen as
+        the run goes the errors grow with them, which a moving average in seconds would trail."""
+        if self.bias_unit_s > 0 and unit_s > 0:
+            factor = unit_s / self.bias_unit_s
+            self.idle_bias_by_level = rescaled(self.idle_bias_by_level, factor)
+            self.idle_error_var_by_level = rescaled(self.idle_error_var_by_level, factor * factor)
+        self.bias_unit_s = unit_s or self.bias_unit_s
 
     def _bias_uncertainty_s(self, level: int) -> float:
         """UNCERTAINTY_Z standard errors of the two corrections compared at `level` (0 where unmeasured)."""

@@ -858,3 +858,14 @@ def test_a_correction_measured_once_counts_its_own_size_as_its_uncertainty():
     expected = standard_error(20.0 ** 2, weight=0.3)
     assert once.last_decision["uncertainty_s"] == pytest.approx(expected, abs=1e-3)
     assert thrice.last_decision["uncertainty_s"] == 0.0  # three cycles that all erred by 20 s
+
+
+def test_the_measured_corrections_grow_with_the_cycles_training_time_when_samples_lengthen():
+    policy = make_adaptive()
+    policy.should_activate_after_step(8, False, production_bound())  # the corrections' unit: 6 s micro-steps
+    policy.predicted_idle_s = -1.0  # nothing to credit: only the stored corrections are compared
+    policy.idle_bias_by_level.update({"activate@0": 20.0, "stay@0": -4.0})
+    policy.idle_error_var_by_level["activate@0"] = 9.0
+    policy.should_activate_after_step(9, False, production_bound(trainer_s_per_micro_step=12.0))
+    assert policy.last_decision["idle_bias_s"] == {"stay": -8.0, "activate": 40.0}
+    assert policy.idle_error_var_by_level["activate@0"] == pytest.approx(36.0)
