@@ -231,7 +231,8 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                          "step and the standalones alone hold fewer than max_required",
                                   "wait_for_samples": self.planned_wait_samples}
             return activate
-        self._rescale_corrections(ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step)
+        cycle_train_s = ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
+        self._rescale_corrections(cycle_train_s)
         level = queue_level(ctx.queued_samples, required=ctx.required_samples, levels=QUEUE_LEVELS)
         first_rate = pooled_rate(self.static_first_fill, min_samples=ctx.required_samples)
         asleep_rate = static_rate(ctx, pooled=standalone_rate)
@@ -242,7 +243,7 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         switch_s = self.switch_cost_s(ctx)
         choice = best_wait(ctx, switch_s=switch_s, static=static)
         wait, dynamic_idle = choice.wait, choice.least_idle_s
-        min_gain_s = MIN_GAIN_FRACTION * ctx.trigger_parameter_sync_step * ctx.trainer_s_per_micro_step
+        min_gain_s = MIN_GAIN_FRACTION * cycle_train_s
         # The model corrected by its own measured error at this queue level: a switch that measured worse
         # than predicted (or static cycles that idled more than predicted) moves the comparison by that much.
         bias = applied_corrections(self.idle_bias_by_level, level=level,
