@@ -41,7 +41,7 @@ from services.embedded_redis import redis_executable as redis_executable
 from services.processes import LOG_TAIL_LINES as LOG_TAIL_LINES
 from services.processes import STOP_TIMEOUT_S as STOP_TIMEOUT_S
 from services.processes import ServiceSpec as ServiceSpec
-from services.processes import kill_group
+from services.processes import kill_group, stop_signals_held
 from services.processes import log_tail as log_tail
 from services.processes import service_specs as service_specs
 from services.processes import start_service as start_service
@@ -158,7 +158,8 @@ class Job:
             shutil.copyfile(self.config_path, self.out_dir / "config.yaml")
             self._started_s = time.monotonic()
             for name in self.specs:
-                self.procs[name] = self._start(name)
+                with stop_signals_held():
+                    self.procs[name] = self._start(name)
         except BaseException:
             self.close()
             raise
@@ -239,7 +240,8 @@ class Job:
                 if now_s >= self._restart_at_s[name]:
                     del self._restart_at_s[name]
                     self.restarts[name] += 1
-                    self.procs[name] = self._start(name)
+                    with stop_signals_held():
+                        self.procs[name] = self._start(name)
                 continue
             if proc.poll() is None:
                 continue

@@ -13,8 +13,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,8 @@ STOP_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 30
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal the kernel sends a process when the thread that started it exits."""
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+"""What `dynsched run` stops on (services/cli.py raises KeyboardInterrupt for each)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +72,27 @@ def stop_with_launcher() -> Callable[[], None] | None:
             os._exit(0)
 
     return set_death_signal
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold the stop signals until the block ends, then raise the first that came: the launcher starts and
+    records each child inside it (from its main thread, where Python runs signal handlers). Raised inside
+    `Popen` after the fork, the interrupt left a started child no stop knew of, which outlived the
+    launcher while it retried the stopped Redis (seen once in CI: a trainer). A child does not inherit
+    the handlers (exec resets them). Off the main thread no handler runs there, and nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])
 
 
 def start_service(spec: ServiceSpec, *, config_path: Path, redis_url: str,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from bench.live_run import live_config
+from services.processes import stop_signals_held, stop_with_launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILDREN = 9
@@ -107,3 +108,24 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher holds the signals on Linux")
+def test_a_stop_signal_while_a_child_starts_is_raised_once_it_is_recorded_and_the_child_still_stops() -> None:
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGHUP, interrupt)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        with pytest.raises(KeyboardInterrupt), stop_signals_held():
+            os.kill(os.getpid(), signal.SIGHUP)  # a closed terminal, while the launcher starts a child
+            procs["child"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                              preexec_fn=stop_with_launcher())
+        assert "child" in procs  # recorded: the launcher's stop reaches it
+        procs["child"].terminate()
+        assert procs["child"].wait(timeout=10) == -signal.SIGTERM  # the child does not hold the signals
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        for proc in procs.values():
+            proc.kill()
