@@ -9,7 +9,10 @@ between BLOCK_MS and SOCKET_TIMEOUT_S.
 A Redis outage (a crash and restart, a network cut) is survived for a bounded
 window: every call retries connection errors and timeouts with backoff until
 Redis has been unreachable for `retry_window_s` (config `run.redis_retry_window_s`),
-then raises. The window is measured from a call's first failure; the retries
+then raises. Once the process is stopping (its SIGTERM or SIGINT came: `PROCESS_STOP`), a call
+retries for at most STOP_RETRY_WINDOW_S more: a stopped service whose Redis is gone (an orphan whose
+launcher and Redis died together has no one to SIGKILL it) exits in seconds, not after the whole
+window spent on its last writes. The window is measured from a call's first failure; the retries
 redis-py nests inside one call (connect, health check, command) share it
 instead of multiplying it. A caller waiting for a free connection of the pool
 waits as long.
@@ -48,6 +51,8 @@ HEALTH_CHECK_INTERVAL_S = 30  # connections idle longer than this are PINGed bef
 MAX_CONNECTIONS = 32  # per client; callers beyond it wait for a free connection
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
+STOP_RETRY_WINDOW_S = 3.0
+"""How long a call still retries an unreachable Redis once its process is stopping (`StopClock`)."""
 
 
 RETRIED_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
@@ -56,27 +61,54 @@ SYNC_RETRIED_ERRORS = (*RETRIED_ERRORS, OSError)
 """The synchronous client's also: a bare socket error (socket.timeout too), as redis-py's own sync Retry."""
 
 
+class StopClock:
+    """When this process began to stop (`since_s`, None while it runs), and what that leaves of a call's
+    retry window."""
+
+    def __init__(self) -> None:
+        self.since_s: float | None = None
+
+    def stop(self) -> None:
+        """The process is stopping: from now on calls give up on an unreachable Redis sooner."""
+        if self.since_s is None:
+            self.since_s = time.monotonic()
+
+    def deadline_s(self, first_failure_s: float, window_s: float) -> float:
+        """When a call that first failed at `first_failure_s` gives up: at the end of its window, or
+        STOP_RETRY_WINDOW_S after its first failure or the stop, whichever came later, if that is sooner."""
+        deadline_s = first_failure_s + window_s
+        if self.since_s is not None:
+            deadline_s = min(deadline_s, max(first_failure_s, self.since_s) + STOP_RETRY_WINDOW_S)
+        return deadline_s
+
+
+PROCESS_STOP = StopClock()
+"""This process's stop (`shared.runtime.run_until_stopped` stops it at SIGTERM/SIGINT), read by every call."""
+
+
 class RetryWindow:
     """The retry policy of both clients, in one place: which errors retry (`errors`), the backoff
     between tries, and the window: a call gives up once Redis has been failing for `window_s` since
-    its first failure. redis-py nests retries (a command's retry around a connect's retry around a
-    health check); only the outermost call starts and ends the clock, so the nested ones share its
-    window. `on_failure` runs at each failed try. One per connection: see `copy`."""
+    its first failure, or sooner once `stop` (the process's StopClock) has stopped. redis-py nests
+    retries (a command's retry around a connect's retry around a health check); only the outermost
+    call starts and ends the clock, so the nested ones share its window. `on_failure` runs at each
+    failed try. One per connection: see `copy`."""
 
     def __init__(self, window_s: float, errors: tuple[type[Exception], ...] = RETRIED_ERRORS,
-                 on_failure: Callable[[], None] | None = None) -> None:
+                 on_failure: Callable[[], None] | None = None, stop: StopClock = PROCESS_STOP) -> None:
         if window_s < 0:
             raise ValueError(f"retry window must be >= 0 s, got {window_s}")
         self.window_s = window_s
         self.errors = errors
         self.on_failure = on_failure
+        self.stop = stop
         self.backoff = ExponentialWithJitterBackoff(base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S)
         self.since_s: float | None = None
         self.depth = 0
 
     def copy(self) -> RetryWindow:
-        """The same policy with an outage clock of its own (the `on_failure` hook is shared)."""
-        return RetryWindow(self.window_s, self.errors, self.on_failure)
+        """The same policy with an outage clock of its own (the `on_failure` hook and the stop are shared)."""
+        return RetryWindow(self.window_s, self.errors, self.on_failure, self.stop)
 
     @contextmanager
     def call(self) -> Iterator[None]:
@@ -102,7 +134,7 @@ class RetryWindow:
         if self.since_s is None:
             self.since_s = now_s
             log.warning("Redis call failed (%r); retrying for up to %.0fs", error, self.window_s)
-        left_s = self.since_s + self.window_s - now_s
+        left_s = self.stop.deadline_s(self.since_s, self.window_s) - now_s
         return min(left_s, self.backoff.compute(failures)) if left_s > 0 else None
 
 

@@ -36,6 +36,7 @@ from shared.bus import Bus
 from shared.config import Config, RunConfig, load_config
 from shared.liveness import LIVENESS, beat, current_loop, stale_loops
 from shared.names import Names
+from shared.redis_client import PROCESS_STOP
 from shared.streams import connect
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,8 @@ def load(args: argparse.Namespace) -> tuple[Config, Names]:
 def run_until_stopped(body: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, None]], *, redis_url: str,
                       names: Names, service: str, run: RunConfig) -> None:
     """Run `body(bus, stop)` as the loop `service`, next to the loop publishing this process's
-    health (shared.health); SIGTERM/SIGINT set `stop`. A failed loop exits the process with
+    health (shared.health); SIGTERM/SIGINT set `stop` and stop `PROCESS_STOP` (Redis calls from then on
+    retry an unreachable Redis for STOP_RETRY_WINDOW_S only). A failed loop exits the process with
     status 1 (promptly: see `supervise`), and so does a loop stuck for `run.stuck_loop_exit_s`
     once the body's loops run (`_StuckLoopWatchdog`); the Redis client is closed in `finally`. Redis calls
     retry for `run.redis_retry_window_s`; readers trim by `run.stream_retention_s`; the streams no
@@ -255,8 +257,12 @@ def run_until_stopped(body: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, N
         _STUCK.start(service, run.stuck_loop_exit_s)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        def stop_process() -> None:
+            stop.set()
+            PROCESS_STOP.stop()  # the last writes of a stop retry an unreachable Redis for seconds only
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop_process)
         redis = connect(redis_url, retry_window_s=run.redis_retry_window_s)
         bus = Bus(redis, names, retention_s=run.stream_retention_s, dead_letter_maxlen=run.dead_letter_maxlen,
                   event_maxlen=run.event_stream_maxlen)

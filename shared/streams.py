@@ -21,7 +21,8 @@ Delivery is at-least-once (duplicates must be harmless upstream):
    ``dlq_*`` reason/origin fields and is acked.
 4. Blocking reads get their own connection and ``BLOCK_MS`` well below the
    socket timeout. A lost connection is retried for the client's retry window
-   (``run.redis_retry_window_s``), then the read raises.
+   (``run.redis_retry_window_s``) from its first failure, then the read raises (sooner once the
+   process is stopping: ``shared.redis_client.StopClock``).
 5. Bounded memory: every ``TRIM_INTERVAL_S`` a read trims its stream below the
    oldest entry any group still needs (``trim_acked``: XTRIM MINID), keeping
    acked entries younger than ``retention_s``. Sample streams are never
@@ -48,11 +49,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from shared.liveness import beat
 from shared.names import DEAD_LETTER_FIELD_MAX_BYTES, DEAD_LETTER_MAXLEN, STREAM_RETENTION_S, Names
 from shared.redis_client import BLOCK_MS as BLOCK_MS
+from shared.redis_client import PROCESS_STOP, dedicated_client, retry_window_s
 from shared.redis_client import SOCKET_TIMEOUT_S as SOCKET_TIMEOUT_S
 from shared.redis_client import as_bytes as _b
 from shared.redis_client import as_str as _s
 from shared.redis_client import connect as connect
-from shared.redis_client import dedicated_client, retry_window_s
 from shared.stream_groups import Fields as Fields
 from shared.stream_groups import ensure_group as ensure_group
 from shared.stream_groups import group_lag as group_lag
@@ -181,7 +182,7 @@ class StreamConsumer:
         if block_ms < 0 or (timeout_s is not None and block_ms >= timeout_s * 1000 / 2):
             raise ValueError(f"block_ms={block_ms} must be >= 0 and below half the socket timeout "
                              f"{timeout_s}s")
-        deadline_s = time.monotonic() + retry_window_s(self.r)
+        first_failure_s: float | None = None
         delay_s = 0.05
         while True:
             try:
@@ -207,7 +208,9 @@ class StreamConsumer:
             except _TRANSIENT as exc:
                 self.rewind()  # the lost reply may have delivered entries to us
                 self._reachable = False
-                if time.monotonic() >= deadline_s:
+                now_s = time.monotonic()
+                first_failure_s = now_s if first_failure_s is None else first_failure_s
+                if now_s >= PROCESS_STOP.deadline_s(first_failure_s, retry_window_s(self.r)):
                     raise
                 log.warning("read on %s/%s failed (%r); retrying in %.2fs", self.stream, self.consumer, exc,
                             delay_s)

@@ -24,7 +24,7 @@ from services.cli import main
 from services.launcher import DUPLICATED, LOST
 from shared.liveness import LIVENESS
 from shared.names import AccountingField, Names, RunStateField, RunStatus, SampleState
-from shared.redis_client import BACKOFF_CAP_S, connect
+from shared.redis_client import BACKOFF_CAP_S, STOP_RETRY_WINDOW_S, StopClock, connect
 from shared.runtime import free_port
 from tests.conftest import RedisServer
 
@@ -191,3 +191,12 @@ async def test_a_redis_call_waits_out_an_outage_within_the_window_and_fails_afte
         LIVENESS.leave("test.redis_waiter")
         await client.aclose()
         server.stop()
+
+
+def test_once_the_process_stops_a_failing_call_retries_for_the_stop_window_only() -> None:
+    stop = StopClock()
+    assert stop.deadline_s(100.0, 30.0) == 130.0  # running: the whole window
+    stop.since_s = 110.0
+    assert stop.deadline_s(100.0, 30.0) == 110.0 + STOP_RETRY_WINDOW_S  # failing since before the stop
+    assert stop.deadline_s(120.0, 30.0) == 120.0 + STOP_RETRY_WINDOW_S  # first failed after it
+    assert stop.deadline_s(100.0, 1.0) == 101.0  # a window shorter than that stays as it was
