@@ -63,6 +63,11 @@ HANDED_OVER_ON_TIME = "dynsched/rollout/handed_over_on_time_samples"
 MIN_INFLIGHT_SPREAD = 1.0
 """Least standard deviation of the in-flight counts (requests) a decode fit needs: an engine that ran at
 one batch size all along shows no slope."""
+MIN_INFLIGHT_SPREAD_SHARE = 0.1
+"""And at least this share of their mean: the load cost extrapolates the fitted slope from the loads seen
+down to no load, so loads within a few percent of each other leave it to the noise. The first attempts of a
+live run (the start-up ramp, every engine near its full batch) once fitted 15 times the steady load cost,
+where the planner, whose engines start full at once, fitted none, and the two runs' decisions parted."""
 MAX_LOAD_COST = 100.0
 """Cap of the fitted load cost (the load's part of a step a hundred times the fixed part: an engine
 whose throughput no longer grows with its batch)."""
@@ -150,7 +155,8 @@ class DecodeFit:
 
     @property
     def load_cost(self) -> float:
-        """(b_r r + b_c c) / a at the mean load; 0 with too little spread of loads or no positive slope."""
+        """(b_r r + b_c c) / a at the mean load; 0 with too little spread of loads (under a request, or under
+        MIN_INFLIGHT_SPREAD_SHARE of their mean) or no positive slope."""
         if self.w <= 0:
             return 0.0
         w = self.w
@@ -158,7 +164,7 @@ class DecodeFit:
         var_r, var_c = self.rr / w - mean_r ** 2, self.cc / w - mean_c ** 2
         cov_rc = self.rc / w - mean_r * mean_c
         cov_ry, cov_cy = self.ry / w - mean_r * mean_y, self.cy / w - mean_c * mean_y
-        if var_r < MIN_INFLIGHT_SPREAD ** 2:
+        if var_r < max(MIN_INFLIGHT_SPREAD, MIN_INFLIGHT_SPREAD_SHARE * mean_r) ** 2:
             return 0.0
         det = var_r * var_c - cov_rc ** 2
         if var_c <= 0 or det <= (1 - COLLINEAR ** 2) * var_r * var_c:

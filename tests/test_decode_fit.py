@@ -54,6 +54,14 @@ def test_an_engine_seen_at_one_batch_size_or_with_a_flat_step_shows_no_load_cost
     assert DecodeFit().load_cost == 0.0
 
 
+def test_loads_within_a_tenth_of_their_mean_are_too_close_to_extrapolate_a_load_cost_from():
+    # the start-up ramp's first attempts, every engine at 120-128 requests: a slope measured there would be
+    # stretched over the whole batch down to none
+    assert engine_fit(per_request=1 / 32, loads=[(r, 500.0 * r) for r in range(120, 129)]).load_cost == 0.0
+    spread = engine_fit(per_request=1 / 32, loads=[(r, 500.0 * r) for r in range(64, 129)])
+    assert spread.load_cost == pytest.approx(spread.mean_inflight / 32)
+
+
 def test_attempts_without_tokens_time_or_batch_are_left_out_of_the_fit():
     fit = DecodeFit()
     fit.add(tokens=0, seconds=1.0, inflight=4)
