@@ -26,11 +26,12 @@ import yaml
 
 from services.controller.admin import PrometheusExporter, build_app
 from services.controller.service import Controller
+from services.processes import service_specs
 from shared.bus import Bus
 from shared.config import config_to_dict, load_config
 from shared.health import main as health_main
 from shared.liveness import LIVENESS
-from shared.names import HEALTH_TTL_S, Names, worker_process_name
+from shared.names import HEALTH_TTL_S, Names
 from shared.redis_client import STOP_RETRY_WINDOW_S
 from shared.runtime import EXIT_GRACE_S, STUCK_POLL_S, THREAD_BEAT_S, in_thread
 from shared.streams import connect
@@ -144,23 +145,21 @@ def test_a_service_cut_off_from_redis_past_its_retries_exits_non_zero(redis_serv
     assert code != 0
 
 
-@pytest.mark.parametrize("module", ["rollouter", "controller", "loadbalancer", "trainer", "rollout_worker"])
+@pytest.mark.parametrize("service", ["rollouter", "controller", "loadbalancer", "trainer",
+                                     "rollout_worker-standalone_0"])
 def test_a_service_stopped_while_redis_is_gone_exits_within_seconds_not_after_its_retry_window(
-        module: str, redis_server: RedisServer, tmp_path: Path) -> None:
+        service: str, redis_server: RedisServer, tmp_path: Path) -> None:
     config, names = write_config(tmp_path, redis_retry_window_s=60.0), Names("sup")
-    log = tmp_path / f"{module}.log"
-    argv = ["-m", f"services.{module}", "--config", str(config), "--redis-url", redis_server.url]
-    service = module
-    if module == "rollout_worker":
-        replica_id = load_config(config).standalone_ids[0]
-        argv, service = [*argv, "--replica-id", replica_id], worker_process_name([replica_id])
-    proc = spawn_python(argv, log)
+    spec = next(s for s in service_specs(load_config(config)) if s.name == service)
+    log = tmp_path / f"{service}.log"
+    proc = spawn_python(["-m", spec.module, "--config", str(config), "--redis-url", redis_server.url,
+                         *spec.extra_args], log)
     with redis.Redis.from_url(redis_server.url) as client:
-        wait_for_health_key(client, names, service)
+        wait_for_health_key(client, names, spec.health_name or spec.name)
     redis_server.kill()  # an orphan's case: the launcher and its Redis died together
     time.sleep(1.0)  # its calls now fail and retry
     proc.send_signal(signal.SIGTERM)
-    code, took_s = exit_code_within(proc, timeout_s=90)
+    _, took_s = exit_code_within(proc, timeout_s=90)
     assert took_s < STOP_RETRY_WINDOW_S + 5, log.read_text()[-2000:]
 
 
