@@ -238,6 +238,8 @@ class SimWorkloadConfig(_Section):
     prompt_tokens_max: Count = 4096
     response_tokens_sigma: NonNegative = 1.0
     response_tokens_max: Count = 65536
+    """Longest response the model would write; the simulator stops it at `data.max_response_length`, as the
+    engines do (the requests' max_tokens), whichever is shorter."""
     max_length_share: Annotated[float, Field(ge=0, lt=1)] = 0.0
     """Share of responses that run to response_tokens_max (repetition, no EOS) instead of the log-normal."""
     drift_horizon_samples: Count | None = None

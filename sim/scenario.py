@@ -280,8 +280,9 @@ _FLOW_FROM_ASYNC = ("trigger_parameter_sync_step", "staleness_threshold", "requi
 
 def _workload(config: Config, samples_per_version: int) -> WorkloadShape:
     w = config.simulator.workload
-    if w is not None:
-        return WorkloadShape(kind="lognormal", **w.model_dump())
+    if w is not None:  # a response stops at the engines' max_tokens, data.max_response_length, as live
+        longest = min(w.response_tokens_max, config.data.max_response_length)
+        return WorkloadShape(kind="lognormal", **{**w.model_dump(), "response_tokens_max": longest})
     lengths = config.rollout.sim.response_length
     return WorkloadShape(kind="normal", prompt_tokens_median=config.data.prompt_length,
                          prompt_tokens_sigma=0.0, prompt_tokens_max=config.data.prompt_length,

@@ -137,3 +137,14 @@ async def test_the_wall_clock_fires_callbacks_scheduled_with_after_as_well_as_wi
     clock.at(1.0, note, "at")
     await asyncio.wait_for(done.wait(), timeout=5.0)
     assert fired == ["at", "after"]
+
+
+def test_the_planner_stops_a_modelled_response_at_max_response_length_as_the_engines_do() -> None:
+    raw = small_config()
+    raw["simulator"] = {"workload": {"prompt_tokens_median": PROMPT, "response_tokens_median_start": 3000,
+                                     "response_tokens_median_end": 3000, "response_tokens_max": 65536}}
+    raw["data"]["max_response_length"] = 2000
+    longest = max(max(row) for row in Workload.from_config(config_from_dict(raw)).response)
+    raw["data"]["max_response_length"] = 65536
+    uncapped = max(max(row) for row in Workload.from_config(config_from_dict(raw)).response)
+    assert (longest, uncapped > 2000) == (2000, True)
