@@ -72,7 +72,7 @@ def _story(times_s: list[float], cycles: list[dict[str, float]], activations: in
 
 
 def planned(config_path: Path) -> dict[str, Any]:
-    res = simulate(Scenario.from_config(load_config(config_path), source=str(config_path)))
+    res = simulate(Scenario.from_config(load_config(config_path)))
     return _story([c["time_s"] for c in res.cycles], res.cycles, res.activations, res.mean_sample_lag())
 
 

@@ -70,7 +70,7 @@ def _load(args: argparse.Namespace) -> Scenario:
     if policy and policy != "static" and policy not in registered_policies():
         raise ConfigError(f"--policy {policy!r} is not a registered policy: expected static or one of "
                           f"{', '.join(registered_policies())} (user policies need --policy-module)")
-    scenario = Scenario.from_config(config, source=args.config)
+    scenario = Scenario.from_config(config)
     if args.prompts:
         scenario = scenario.with_prompts(args.prompts)
     return scenario

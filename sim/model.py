@@ -88,11 +88,13 @@ class Workload:
 class Sample:
     """One prompt and its ``n`` trajectories; done when every trajectory finished."""
 
-    __slots__ = ("index", "pending", "min_version", "max_version", "submitted_s", "finished_s")
+    __slots__ = ("index", "pending", "min_version", "max_version", "submitted_s", "finished_s", "cut_tokens")
 
     def __init__(self, index: int, n: int, now_s: float) -> None:
         self.index = index
         self.pending = n
+        self.cut_tokens = 0
+        """Response tokens its trajectories never generated: cut by an abort without partial rollout."""
         self.min_version = -1
         self.max_version = -1
         self.submitted_s = now_s

@@ -106,6 +106,10 @@ class SimRollouter:
         self.lifecycle.on_attempt_finished(tokens=req.decode_tokens, seconds=req.decode_s,
                                            inflight=req.mean_inflight, context=req.mean_context)
         self.lb.release(replica.replica_id)
+        self._trajectory_done(req)
+
+    def _trajectory_done(self, req: Request) -> None:
+        """One trajectory finished (or cut short): queue its sample once every trajectory is done."""
         self.lb.forget(req.request_id)
         sample = req.sample
         sample.pending -= 1
@@ -119,7 +123,8 @@ class SimRollouter:
         self.try_submit()
 
     def abort(self, replica_ids: tuple[str, ...]) -> int:
-        """Abort the replicas' in-flight attempts; each retries after the client back-off."""
+        """Abort the replicas' in-flight attempts; with partial rollout each retries after the client
+        back-off, without it each trajectory ends at the tokens it has (`core.sample_progress`, as live)."""
         num_aborted = 0
         delay_s = self.scenario.replica.retry_delay_s
         for replica_id in replica_ids:
@@ -128,9 +133,14 @@ class SimRollouter:
                 if replica.hybrid:
                     self.lifecycle.on_handed_over(sample_id_at(req.sample.index))
                 self.lb.release(replica_id)
-                self.engine.after(delay_s, self._route, req)
                 num_aborted += 1
-        self.retries += num_aborted
+                if self.cfg.partial_rollout:
+                    self.engine.after(delay_s, self._route, req)
+                else:
+                    req.sample.cut_tokens += req.target_tokens - int(req.generated + 1e-6)
+                    self._trajectory_done(req)
+        if self.cfg.partial_rollout:
+            self.retries += num_aborted
         return num_aborted
 
     # -- weight versions -------------------------------------------------------------

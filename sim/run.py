@@ -352,7 +352,7 @@ class Simulation:
                                                                deactivate_ratio=float(ratio)))
 
     def _train_time_s(self, batch: Sequence[Sample]) -> float:
-        tokens = [self.workload.sample_tokens(s.index) for s in batch]
+        tokens = [self.workload.sample_tokens(s.index) - s.cut_tokens for s in batch]
         self.trained_tokens += sum(tokens)
         return self.scenario.trainer.micro_step_s(tokens)
 

@@ -36,7 +36,6 @@ from core.flow import FlowLimits
 from shared.config import (
     ROLLOUTER_MONITOR_INTERVAL_S,
     Config,
-    ConfigError,
     Count,
     SimWorkloadConfig,
     load_config,
@@ -218,12 +217,8 @@ class Scenario:
     costs: SwitchCosts
 
     @classmethod
-    def from_config(cls, config: Config, *, source: str = "") -> Scenario:
+    def from_config(cls, config: Config) -> Scenario:
         at, sim = config.async_training, config.simulator
-        if not at.partial_rollout:
-            where = f"config: {source}: " if source else "config: "
-            raise ConfigError(f"{where}async_training.partial_rollout=False is invalid: expected true, the "
-                              f"simulator does not model dropping partial rollouts")
         policy = policy_name(at)  # as the controller is built (core.build): static_fully_async if not dynamic
         flow = FlowSettings(ppo_mini_batch_size=config.trainer.ppo_mini_batch_size,
                             total_rollout_steps=config.data.total_rollout_steps, n=config.data.n,
@@ -348,7 +343,7 @@ def _costs(config: Config) -> SwitchCosts:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Load a run config (configs/*.yaml, scenarios/*.yaml) as the simulator's view."""
-    return Scenario.from_config(load_config(path), source=str(path))
+    return Scenario.from_config(load_config(path))
 
 
 def engine_model(config: Config) -> tuple[ReplicaTiming, WorkloadShape]:

@@ -97,7 +97,7 @@ def format_checks(checks: list[Check]) -> list[str]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    scenario = Scenario.from_config(config, source=args.config)
+    scenario = Scenario.from_config(config)
     phys = config.simulator.physics
     if not config.simulator.published:
         raise ConfigError(f"config: {args.config}: simulator.published is empty: no rows to validate")

@@ -101,15 +101,6 @@ def test_a_config_round_trips_through_plain_data_and_yaml(tmp_path):
     assert load_config(path) == config
 
 
-def test_the_simulator_refuses_what_it_does_not_model_in_one_line(tmp_path, capsys):
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(small_config_with("async_training", "partial_rollout", False)))
-    assert main(["simulate", "--config", str(path)]) == 1
-    assert capsys.readouterr().err == (f"dynsched: error: config: {path}: async_training.partial_rollout="
-                                       f"False is invalid: expected true, the simulator does not model "
-                                       f"dropping partial rollouts\n")
-
-
 def test_the_simulator_uses_the_services_names_and_defaults():
     config = load_config(SMALL)
     scenario = Scenario.from_config(config)

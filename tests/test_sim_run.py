@@ -212,3 +212,12 @@ def test_the_planner_measures_more_handed_over_samples_arriving_in_their_cycle_w
 
     short_cycles, long_cycles = on_time_share(0.001), on_time_share(0.05)
     assert 0.0 < short_cycles < long_cycles < 1.0
+
+
+def test_without_partial_rollout_the_planner_trains_each_aborted_response_cut_where_it_stopped() -> None:
+    scenario = small("production").with_policy("default")
+    kept = simulate(scenario)
+    cut = simulate(scenario.with_changes({"async_training.partial_rollout": False}))
+    assert (kept.samples["retried_attempts"] > 0, cut.samples["retried_attempts"]) == (True, 0)
+    assert cut.samples["trained"] == kept.samples["trained"]
+    assert cut.tokens["trained"] < kept.tokens["trained"]
