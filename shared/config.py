@@ -157,6 +157,8 @@ class AsyncTrainingConfig(_Section):
     trigger_parameter_sync_step: Count = 4
     require_batches: Count = 1
     partial_rollout: bool = True
+    """Resume an aborted request where it stopped, on a serving replica. False: an aborted response ends
+    truncated and is trained as it is, at every abort (each weight sync too), as verl's code does."""
     use_dynamic_resource_scheduling: bool = False
     dynamic_schedule_policy: str = "default"
     """A registered policy name (built-ins: adaptive, default, fixed_ratio, static_fully_async)."""
