@@ -124,11 +124,14 @@ class SimRollouter:
 
     def abort(self, replica_ids: tuple[str, ...]) -> int:
         """Abort the replicas' in-flight attempts; with partial rollout each retries after the client
-        back-off, without it each trajectory ends at the tokens it has (`core.sample_progress`, as live)."""
+        back-off, without it each trajectory ends at the tokens it has (`core.sample_progress`, as live).
+        An aborted replica holds new requests until resumed, as a live engine rejects them: a sample
+        finished by the abort must not start its successor on a replica about to sync or sleep."""
         num_aborted = 0
         delay_s = self.scenario.replica.retry_delay_s
         for replica_id in replica_ids:
             replica = self.replicas[replica_id]
+            replica.pause()
             for req in replica.abort_all():
                 if replica.hybrid:
                     self.lifecycle.on_handed_over(sample_id_at(req.sample.index))
