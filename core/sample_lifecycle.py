@@ -96,8 +96,15 @@ class SampleLifecycle:
 
     def __init__(self, *, limits: FlowLimits, concurrent_samples_per_replica: int, now_s: float,
                  standalone_replicas: int | None = None,
-                 hybrid_concurrent_samples_per_replica: int | None = None) -> None:
+                 hybrid_concurrent_samples_per_replica: int | None = None,
+                 partial_rollout: bool = True) -> None:
         self.limits = limits
+        self.partial_rollout = partial_rollout
+        """False: no sample starts before the first weight version is live (`synced`). The first sync aborts
+        what is in flight, and without partial rollout an aborted response is trained cut short; verl
+        syncs before its rollouter starts."""
+        self.synced = False
+        """A weight version was made live (`reset`) in this run."""
         self.concurrent_samples_per_replica = concurrent_samples_per_replica
         self.standalone_replicas = standalone_replicas
         """The active replicas past this many are hybrids (None: every replica counts as a standalone)."""
@@ -121,12 +128,14 @@ class SampleLifecycle:
 
     # ---- restart ----
 
-    def restore(self, *, fed: int, total_generated: int, completed_steps: int, version: int) -> None:
+    def restore(self, *, fed: int, total_generated: int, completed_steps: int, version: int,
+                synced: bool) -> None:
         """Counters read back after a restart."""
         self.fed = fed
         self.tracker.total_generated = total_generated
         self.tracker.completed_steps = completed_steps
         self.version = version
+        self.synced = synced
 
     def adopt(self, sample_id: str, now_s: float) -> None:
         """A sample still generating when the previous rollouter stopped is generated again."""
@@ -142,7 +151,7 @@ class SampleLifecycle:
     def next_sample(self, *, mq_size: int, now_s: float) -> str | None:
         """The feed's step: latch the pause, then take the next prompt if a slot is free.
         None: paused, no free slot, or the feed is exhausted (wait for a change)."""
-        if self.feed_done:
+        if self.feed_done or not (self.partial_rollout or self.synced):
             return None
         if self.tracker.check_pause(mq_size) or len(self.active) >= self.max_concurrent:
             return None
@@ -208,6 +217,7 @@ class SampleLifecycle:
         report = self.tracker.reset(num_active=len(self.active), queue_size=mq_size, now_s=now_s)
         utilization = self.history.close(now_s)
         self.version = version
+        self.synced = True
         limits = self.limits
         decode, self.decode = self.decode, DecodeFit()
         handed_over, on_time = self.handed_over, self.handed_over_on_time

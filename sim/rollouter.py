@@ -34,7 +34,8 @@ class SimRollouter:
         self.lifecycle = SampleLifecycle(
             limits=limits, now_s=0.0, concurrent_samples_per_replica=self.cfg.concurrent_samples_per_replica,
             standalone_replicas=scenario.cluster.num_standalone,
-            hybrid_concurrent_samples_per_replica=self.cfg.hybrid_concurrent_samples_per_replica)
+            hybrid_concurrent_samples_per_replica=self.cfg.hybrid_concurrent_samples_per_replica,
+            partial_rollout=self.cfg.partial_rollout)
         self.lb = LoadBalancerState()
         self.replicas: dict[str, Replica] = {}
         self.mq: deque[Sample] = deque()

@@ -188,10 +188,11 @@ def test_the_trainer_cycle_syncs_first_then_trains_and_syncs_every_trigger_micro
 # ---- core.sample_lifecycle ---------------------------------------------------------------------
 
 
-def lifecycle(*, total: int = 100) -> SampleLifecycle:
+def lifecycle(*, total: int = 100, partial_rollout: bool = True) -> SampleLifecycle:
     limits = FlowLimits(ppo_mini_batch_size=2, require_batches=1, trigger_parameter_sync_step=2,
                         staleness_threshold=0.5, total_rollout_steps=total)  # max_required = 6
-    life = SampleLifecycle(limits=limits, concurrent_samples_per_replica=4, now_s=0.0)
+    life = SampleLifecycle(limits=limits, concurrent_samples_per_replica=4, now_s=0.0,
+                           partial_rollout=partial_rollout)
     life.set_replicas(2, 0.0)
     return life
 
@@ -234,6 +235,19 @@ def test_the_feed_stops_at_the_staleness_limit_and_only_the_monitor_or_a_reset_r
     assert report["fully_async/rollouter/step_generated_samples"] == 6
     assert report["fully_async/rollouter/idle_ratio"] == 1 - 2.1 / 4.0  # idle from the monitor's tick
     assert life.next_sample(mq_size=2, now_s=4.0) == "sample_0_6"
+
+
+def test_without_partial_rollout_no_sample_starts_until_a_version_is_live_even_after_a_restart() -> None:
+    life = lifecycle(partial_rollout=False)
+    assert life.next_sample(mq_size=0, now_s=0.0) is None and not life.tracker.paused
+    life.reset(version=0, mq_size=0, now_s=1.0)
+    assert life.next_sample(mq_size=0, now_s=1.0) == "sample_0_0"
+    restarted = lifecycle(partial_rollout=False)
+    restarted.restore(fed=0, total_generated=0, completed_steps=1, version=0, synced=False)
+    assert restarted.next_sample(mq_size=0, now_s=2.0) is None
+    restarted.restore(fed=1, total_generated=0, completed_steps=1, version=0, synced=True)
+    assert restarted.next_sample(mq_size=0, now_s=2.0) == "sample_0_1"
+    assert lifecycle().next_sample(mq_size=0, now_s=0.0) == "sample_0_0"  # with it: at once
 
 
 def test_the_feed_never_exceeds_max_concurrent_and_ends_at_total_rollout_steps() -> None:

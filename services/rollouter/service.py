@@ -64,7 +64,8 @@ class Rollouter:
             limits=self.limits, now_s=time.time(),
             concurrent_samples_per_replica=config.async_training.concurrent_samples_per_replica,
             standalone_replicas=len(config.standalone_ids),
-            hybrid_concurrent_samples_per_replica=config.async_training.hybrid_concurrent_samples_per_replica)
+            hybrid_concurrent_samples_per_replica=config.async_training.hybrid_concurrent_samples_per_replica,
+            partial_rollout=config.async_training.partial_rollout)
         self.hybrid_ids = frozenset(config.hybrid_ids)
         """An attempt aborted on one of these was handed to the standalones by a deactivation."""
         self.progress: dict[str, SampleProgress] = {}
@@ -102,7 +103,7 @@ class Rollouter:
         self.lifecycle.restore(fed=int(state.get(F.FED, 0)),
                                total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
                                completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
-                               version=int(state.get(F.VERSION, 0)))
+                               version=int(state.get(F.VERSION, 0)), synced=F.VERSION in state)
         self.lifecycle.set_replicas(int(state.get(F.NUM_REPLICAS, 0)), time.time())
         orphans = [text(sid) for sid, s in (await self.bus.redis.hgetall(names.sample_states)).items()
                    if text(s) == SampleState.GENERATING]
