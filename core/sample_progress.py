@@ -89,9 +89,9 @@ class SampleProgress:
         if result.finish_reason in FINISHED or remaining <= 0:
             traj.finish_reason = FinishReason.LENGTH if remaining <= 0 else result.finish_reason
             return None
-        if result.finish_reason == FinishReason.ABORT and not partial_rollout:
+        if result.finish_reason == FinishReason.ABORT and not partial_rollout and traj.token_ids:
             traj.finish_reason = FinishReason.ABORT  # truncated, as the original without partial rollout
-            return None
+            return None  # (aborted before its first token: started again, an empty response trains nothing)
         if result.finish_reason == FinishReason.ERROR:
             traj.engine_errors += 1
             if traj.engine_errors >= MAX_ENGINE_ERRORS:

@@ -125,7 +125,8 @@ class SimRollouter:
 
     def abort(self, replica_ids: tuple[str, ...]) -> int:
         """Abort the replicas' in-flight attempts; with partial rollout each retries after the client
-        back-off, without it each trajectory ends at the tokens it has (`core.sample_progress`, as live).
+        back-off, without it each trajectory ends at the tokens it has (`core.sample_progress`, as live)
+        unless it has none yet. Returns the attempts to retry.
         An aborted replica holds new requests until resumed, as a live engine rejects them: a sample
         finished by the abort must not start its successor on a replica about to sync or sleep."""
         num_aborted = 0
@@ -137,14 +138,13 @@ class SimRollouter:
                 if replica.hybrid:
                     self.lifecycle.on_handed_over(sample_id_at(req.sample.index))
                 self.lb.release(replica_id)
-                num_aborted += 1
-                if self.cfg.partial_rollout:
+                if self.cfg.partial_rollout or req.generated < 1.0:  # no token yet: started again, as live
                     self.engine.after(delay_s, self._route, req)
+                    num_aborted += 1
                 else:
                     req.sample.cut_tokens += req.target_tokens - int(req.generated + 1e-6)
                     self._trajectory_done(req)
-        if self.cfg.partial_rollout:
-            self.retries += num_aborted
+        self.retries += num_aborted
         return num_aborted
 
     # -- weight versions -------------------------------------------------------------

@@ -42,3 +42,13 @@ def test_a_late_answer_to_an_attempt_already_retried_changes_nothing() -> None:
     progress.apply(first, partial_rollout=True)
     assert progress.apply(first, partial_rollout=True) is None
     assert progress.trajectories[0].engine_errors == 1
+
+
+def test_without_partial_rollout_an_abort_before_any_token_starts_over_one_after_ends_the_response() -> None:
+    progress = sample()
+    retry = progress.apply(result(progress, FinishReason.ABORT, []), partial_rollout=False)
+    assert retry is not None and retry.prompt_token_ids == [1, 2] and not progress.done
+    assert progress.apply(result(progress, FinishReason.ABORT, [7, 7]), partial_rollout=False) is None
+    trajectory = progress.trajectories[0].to_trajectory(reward=0.0)
+    assert progress.done and trajectory.finish_reason is FinishReason.ABORT
+    assert trajectory.response_token_ids == [7, 7]

@@ -218,6 +218,6 @@ def test_without_partial_rollout_the_planner_trains_each_aborted_response_cut_wh
     scenario = small("production").with_policy("default")
     kept = simulate(scenario)
     cut = simulate(scenario.with_changes({"async_training.partial_rollout": False}))
-    assert (kept.samples["retried_attempts"] > 0, cut.samples["retried_attempts"]) == (True, 0)
+    assert cut.samples["retried_attempts"] < kept.samples["retried_attempts"]  # only aborts before a token
     assert cut.samples["trained"] == kept.samples["trained"]
     assert cut.tokens["trained"] < kept.tokens["trained"]
