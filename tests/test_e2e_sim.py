@@ -21,6 +21,7 @@ from shared.config import config_to_dict
 from shared.names import AccountingField, TrainerStateField
 from shared.schema import AuditEvent, AuditKind, AuditPhase, CycleMetrics, ReplicaState, decode
 from shared.streams import connect
+from shared.vocab import FinishReason
 from tests.stack import Stack, sim_config
 
 pytestmark = pytest.mark.e2e
@@ -133,6 +134,22 @@ async def test_requests_aborted_on_hybrids_finish_on_standalones_counted_as_hand
     assert any(t.max_version > t.min_version for t in trajectories), \
         "no partial rollout crossed a weight sync"
     assert all(t.min_version <= t.max_version for t in trajectories)
+
+
+async def test_without_partial_rollout_every_sample_is_trained_once_and_no_response_is_cut_before_a_token(
+        redis_server):
+    # a fast trainer and long responses (~20 modelled s): many are still decoding at every sync and switch
+    stack = await run_stack(redis_server.url, async_training={"partial_rollout": False},
+                            trainer={"time_per_sample_s": 0.5},
+                            data={"total_rollout_steps": 64, "n": 2, "max_response_length": 2048},
+                            rollout={"sim": {"response_length": {"mean": 1024, "std": 256}}})
+    counts = await stack.accounting()
+    assert (counts[AccountingField.TRAINED], counts[LOST]) == (64, 0)
+    trajectories = [t for s in await stack.samples() for t in s.trajectories]
+    assert all(t.response_token_ids for t in trajectories), "a response was trained empty"
+    assert any(t.finish_reason is FinishReason.ABORT for t in trajectories), "no abort cut a response"
+    first_live = min(e.t for e in await stack.audit() if e.detail.startswith("reset_staleness"))
+    assert min(s.enqueued_at for s in await stack.samples()) > first_live, "a sample beat the first sync"
 
 
 async def test_static_fully_async_with_standalones_keeps_hybrids_asleep(redis_server):
