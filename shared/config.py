@@ -157,8 +157,7 @@ class AsyncTrainingConfig(_Section):
     trigger_parameter_sync_step: Count = 4
     require_batches: Count = 1
     partial_rollout: bool = True
-    """Resume an aborted request where it stopped, on a serving replica. False: an aborted response ends
-    truncated and is trained as it is, at every abort (each weight sync too), as verl's code does."""
+    """False: an aborted response is trained cut where it stopped, at every abort (syncs too), as verl."""
     use_dynamic_resource_scheduling: bool = False
     dynamic_schedule_policy: str = "default"
     """A registered policy name (built-ins: adaptive, default, fixed_ratio, static_fully_async)."""
@@ -230,7 +229,7 @@ class RolloutConfig(_Section):
 
 
 class SimWorkloadConfig(_Section):
-    """Simulator: log-normal token lengths, clipped; the response median drifts linearly over the run.
+    """Simulator: log-normal token lengths, clipped (responses also at data.max_response_length), drifting.
     Without this section the simulator draws what the sim engine draws (`rollout.sim.response_length`)."""
 
     prompt_tokens_median: Positive
@@ -240,8 +239,6 @@ class SimWorkloadConfig(_Section):
     prompt_tokens_max: Count = 4096
     response_tokens_sigma: NonNegative = 1.0
     response_tokens_max: Count = 65536
-    """Longest response the model would write; the simulator stops it at `data.max_response_length`, as the
-    engines do (the requests' max_tokens), whichever is shorter."""
     max_length_share: Annotated[float, Field(ge=0, lt=1)] = 0.0
     """Share of responses that run to response_tokens_max (repetition, no EOS) instead of the log-normal."""
     drift_horizon_samples: Count | None = None
