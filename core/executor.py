@@ -205,7 +205,7 @@ class ExecutorCore:
         else:
             progress: RolloutProgress = yield ReadProgress()
             self.meter.read_progress(self.clock(), progress.total_generated, cycle_end=True,
-                                     idle_s=progress.idle_s)
+                                     idle_s=progress.idle_s, cut_samples=progress.cut_samples)
             self.meter.record_handover(handed_over=progress.handed_over, on_time=progress.handed_over_on_time)
             self._measure_micro_step()
             commands = core.begin_sync(global_steps=event.global_steps, version=event.version,
@@ -240,7 +240,8 @@ class ExecutorCore:
                 # One instant for both: a live clock moves between two reads, and the sliver of hybrid
                 # time it would leave made the whole next cycle count as a (near-zero-length) window.
                 closed = self.clock()
-                meter.read_progress(closed, progress.total_generated, idle_s=progress.idle_s)
+                meter.read_progress(closed, progress.total_generated, idle_s=progress.idle_s,
+                                    cut_samples=progress.cut_samples)
                 meter.set_serving(closed, hybrids=0)
             started = self.clock()
             standalone_sync = (isinstance(command, cc.SyncWeights) and bool(standalones)

@@ -142,6 +142,9 @@ class RolloutProgress:
 
     total_generated: int
     completed_steps: int
+    cut_samples: int = 0
+    """Of total_generated, the samples queued because an abort ended their last response (partial rollout
+    off): queued at the abort, whatever the replicas were producing."""
     queue_size: int = -1
     """Samples in the MessageQueue not yet taken by the trainer (-1: not read)."""
     feed_done: bool = False

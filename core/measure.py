@@ -240,12 +240,15 @@ class RateMeter:
             self._cycle_hybrids_served = self._cycle_hybrids_served or hybrids > 0
 
     def read_progress(self, now_s: float, total_generated: int, *, cycle_end: bool = False,
-                      idle_s: float = -1.0) -> None:
+                      idle_s: float = -1.0, cut_samples: int = 0) -> None:
         """A progress reading: closes the window since the previous one (the first only starts one);
         `cycle_end` (the reading at a sync) also closes the sync cycle's window. `idle_s`, the
         rollouter's idle seconds so far (-1: unknown), takes the window's idle share out of its
         replica-seconds: capacity held back by the staleness limit produced nothing, and counting it
-        would make the replicas look slower than they are."""
+        would make the replicas look slower than they are. `cut_samples` (of `total_generated`, those an
+        abort queued by ending their last response, partial rollout off) count in the sync cycle, not in
+        a window: they arrive in a burst at the abort (a sync's cuts inside the hybrid window it opens), which
+        over a window of milliseconds would read as an enormous fill rate."""
         self._close_segment(now_s)
         busy = self._busy_share(now_s, idle_s)
         self._standalone_rs *= busy
@@ -264,8 +267,9 @@ class RateMeter:
                 self._hybrids_served = self._hybrids_served or not static
             self._cycle_generated, self._cycle_rs = total_generated, 0.0
             self._cycle_hybrids_served = self.hybrids_serving > 0
+        window_generated = total_generated - cut_samples
         if self._last_generated is not None:
-            produced = max(0, total_generated - self._last_generated)
+            produced = max(0, window_generated - self._last_generated)
             if self._hybrid_rs > 0:
                 explained = self.standalone_samples_per_replica_s * self._standalone_rs
                 self._hybrid_extra.add(produced - explained, self._hybrid_rs)
@@ -274,7 +278,7 @@ class RateMeter:
                 self.last_hybrid_window_samples_per_s = produced / window_s
             elif self._standalone_rs > 0:
                 self._standalone.add(produced, self._standalone_rs)
-        self._last_generated = total_generated
+        self._last_generated = window_generated
         self._standalone_rs = self._hybrid_rs = 0.0
 
     def _busy_share(self, now_s: float, idle_s: float) -> float:

@@ -115,6 +115,9 @@ class SampleLifecycle:
         self.active: set[str] = set()
         """Samples generating (fed, not yet queued)."""
         self.fed = 0
+        self.cut_samples = 0
+        """Samples queued because an abort ended their last response (partial rollout off): an abort's
+        burst, not production over time (`core.measure.RateMeter` leaves them out of its windows)."""
         self.num_replicas = 0
         self.max_concurrent = 0
         self.version = 0
@@ -129,9 +132,10 @@ class SampleLifecycle:
     # ---- restart ----
 
     def restore(self, *, fed: int, total_generated: int, completed_steps: int, version: int,
-                synced: bool) -> None:
+                synced: bool, cut_samples: int = 0) -> None:
         """Counters read back after a restart."""
         self.fed = fed
+        self.cut_samples = cut_samples
         self.tracker.total_generated = total_generated
         self.tracker.completed_steps = completed_steps
         self.version = version
@@ -174,8 +178,10 @@ class SampleLifecycle:
         if sample_id in self.active:
             self.handed_over_pending.add(sample_id)
 
-    def on_enqueued(self, sample_id: str, now_s: float) -> None:
-        """Every trajectory finished and the sample was written to the MessageQueue."""
+    def on_enqueued(self, sample_id: str, now_s: float, *, cut: bool = False) -> None:
+        """Every trajectory finished and the sample was written to the MessageQueue (`cut`: the last one
+        ended by an abort, partial rollout off)."""
+        self.cut_samples += cut
         if sample_id in self.handed_over_pending:
             self.handed_over_pending.discard(sample_id)
             self.handed_over_on_time += 1

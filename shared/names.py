@@ -96,6 +96,8 @@ class RolloutStateField(StrEnum):
     """Incremented at every rollouter start: the attempt numbers' epoch."""
     FED = "fed"
     TOTAL_GENERATED = "total_generated"
+    CUT_SAMPLES = "cut_samples"
+    """Of those, samples queued because an abort ended their last response (partial rollout off)."""
     COMPLETED_STEPS = "completed_steps"
     VERSION = "version"
     NUM_REPLICAS = "num_replicas"

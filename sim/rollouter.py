@@ -109,8 +109,9 @@ class SimRollouter:
         self.lb.release(replica.replica_id)
         self._trajectory_done(req)
 
-    def _trajectory_done(self, req: Request) -> None:
-        """One trajectory finished (or cut short): queue its sample once every trajectory is done."""
+    def _trajectory_done(self, req: Request, *, cut: bool = False) -> None:
+        """One trajectory finished (or was `cut` short by an abort): queue its sample once every trajectory
+        is done."""
         self.lb.forget(req.request_id)
         sample = req.sample
         sample.pending -= 1
@@ -118,7 +119,7 @@ class SimRollouter:
             return
         sample.finished_s = self.engine.now_s
         self.mq.append(sample)
-        self.lifecycle.on_enqueued(sample_id_at(sample.index), self.engine.now_s)
+        self.lifecycle.on_enqueued(sample_id_at(sample.index), self.engine.now_s, cut=cut)
         self.mq_peak = max(self.mq_peak, len(self.mq))
         self.changed.fire()
         self.try_submit()
@@ -143,7 +144,7 @@ class SimRollouter:
                     num_aborted += 1
                 else:
                     req.sample.cut_tokens += req.target_tokens - int(req.generated + 1e-6)
-                    self._trajectory_done(req)
+                    self._trajectory_done(req, cut=True)
         self.retries += num_aborted
         return num_aborted
 

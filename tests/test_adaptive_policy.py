@@ -449,6 +449,24 @@ def test_the_meter_credits_hybrids_only_with_what_the_standalones_rate_does_not_
     assert meter.hybrid_window_samples_per_s == pytest.approx(3.0)
 
 
+def test_samples_an_abort_cut_count_in_the_sync_cycle_but_not_in_the_window_they_landed_in():
+    def meter_after(cut: int) -> RateMeter:
+        meter = RateMeter(num_standalone=2, num_hybrid=2)
+        meter.read_progress(0.0, 0, cycle_end=True)
+        meter.read_progress(10.0, 20, cycle_end=True)
+        meter.set_serving(10.0, hybrids=2)
+        # a 10 ms window: the standalones' sync cut 30 samples into the queue as it opened
+        meter.read_progress(10.01, 50, cut_samples=cut)
+        meter.set_serving(10.01, hybrids=0)
+        meter.read_progress(20.0, 70, cycle_end=True, cut_samples=cut)
+        return meter
+
+    counted, cut = meter_after(0), meter_after(30)
+    assert counted.hybrid_window_samples_per_s == pytest.approx(3000.0)  # what a live run measured
+    assert cut.hybrid_window_samples_per_s == 0.0
+    assert cut.samples_per_replica_s == pytest.approx(counted.samples_per_replica_s)
+
+
 def test_the_meter_counts_no_serving_time_while_the_standalones_sync():
     meter = RateMeter(num_standalone=2, num_hybrid=0)
     meter.read_progress(0.0, 0, cycle_end=True)

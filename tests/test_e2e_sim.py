@@ -18,7 +18,7 @@ from core.metrics import DECODE_LOAD_COST
 from services.controller.admin import PrometheusExporter, build_app
 from services.launcher import LOST
 from shared.config import config_to_dict
-from shared.names import AccountingField, TrainerStateField
+from shared.names import AccountingField, RolloutStateField, TrainerStateField
 from shared.schema import AuditEvent, AuditKind, AuditPhase, CycleMetrics, ReplicaState, decode
 from shared.streams import connect
 from shared.vocab import FinishReason
@@ -148,6 +148,11 @@ async def test_without_partial_rollout_every_sample_is_trained_once_and_no_respo
     trajectories = [t for s in await stack.samples() for t in s.trajectories]
     assert all(t.response_token_ids for t in trajectories), "a response was trained empty"
     assert any(t.finish_reason is FinishReason.ABORT for t in trajectories), "no abort cut a response"
+    state = stack.names.rollouter_state
+    cut = int(await stack.buses[0].redis.hget(state, RolloutStateField.CUT_SAMPLES) or 0)
+    samples = await stack.samples()
+    with_cut = sum(any(t.finish_reason is FinishReason.ABORT for t in s.trajectories) for s in samples)
+    assert 0 < cut <= with_cut  # counted for the controller's windows (core.measure), at most once per sample
     first_live = min(e.t for e in await stack.audit() if e.detail.startswith("reset_staleness"))
     assert min(s.enqueued_at for s in await stack.samples()) > first_live, "a sample beat the first sync"
 

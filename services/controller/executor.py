@@ -97,6 +97,7 @@ class Executor:
             status = RolloutStatus.from_hash(state)
             return ex.RolloutProgress(total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
                                       completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
+                                      cut_samples=int(state.get(F.CUT_SAMPLES, 0)),
                                       queue_size=queue_size, feed_done=status.feed_done,
                                       idle_s=status.idle_seconds(time.time()), handed_over=status.handed_over,
                                       handed_over_on_time=status.handed_over_on_time)

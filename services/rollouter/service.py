@@ -103,7 +103,8 @@ class Rollouter:
         self.lifecycle.restore(fed=int(state.get(F.FED, 0)),
                                total_generated=int(state.get(F.TOTAL_GENERATED, 0)),
                                completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
-                               version=int(state.get(F.VERSION, 0)), synced=F.VERSION in state)
+                               version=int(state.get(F.VERSION, 0)), synced=F.VERSION in state,
+                               cut_samples=int(state.get(F.CUT_SAMPLES, 0)))
         self.lifecycle.set_replicas(int(state.get(F.NUM_REPLICAS, 0)), time.time())
         orphans = [text(sid) for sid, s in (await self.bus.redis.hgetall(names.sample_states)).items()
                    if text(s) == SampleState.GENERATING]
@@ -171,8 +172,8 @@ class Rollouter:
         if retry is not None:
             delay_s = self.config.rollout.retry_delay_s * self.config.run.time_scale
             self._retries.append((time.monotonic() + delay_s, retry))
-        elif progress.done:
-            await self._enqueue(progress)
+        elif progress.done:  # an abort that ended the last response (partial rollout off) cut it
+            await self._enqueue(progress, cut=result.finish_reason == FinishReason.ABORT)
 
     async def _send_retries(self, stop: asyncio.Event) -> None:
         """The original client sleeps 1 s before re-acquiring; the LB then picks a serving replica.
@@ -187,7 +188,7 @@ class Rollouter:
             beat()
             await asyncio.sleep(RETRY_POLL_S)
 
-    async def _enqueue(self, progress: SampleProgress) -> None:
+    async def _enqueue(self, progress: SampleProgress, *, cut: bool = False) -> None:
         """Score, then XADD to the MessageQueue and move the sample to 'queued' in one transaction."""
         names = self.bus.names
         trajectories = [t.to_trajectory(reward=self.prompts.reward(
@@ -201,9 +202,11 @@ class Rollouter:
             pipe.hincrby(names.accounting, AccountingField.GENERATING, -1)
             pipe.hincrby(names.accounting, AccountingField.QUEUED, 1)
             pipe.hincrby(names.rollouter_state, F.TOTAL_GENERATED, 1)
+            if cut:
+                pipe.hincrby(names.rollouter_state, F.CUT_SAMPLES, 1)
             await pipe.execute()
         del self.progress[progress.sample_id]
-        self.lifecycle.on_enqueued(progress.sample_id, time.time())
+        self.lifecycle.on_enqueued(progress.sample_id, time.time(), cut=cut)
         await self._publish_status()
         self._changed.set()
 
