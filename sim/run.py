@@ -226,9 +226,7 @@ class Simulation:
         hybrid = all(rid in self.hybrid_ids for rid in op.replica_ids)
         replicas = [r.replicas[rid] for rid in op.replica_ids]
         awake = [rep for rep in replicas if rep.awake and (not rep.hybrid or rep.replica_id in r.lb.inflight)]
-        r.abort(tuple(rep.replica_id for rep in awake))
-        for rep in awake:
-            rep.pause()
+        r.abort(tuple(rep.replica_id for rep in awake))  # which also pauses them until resumed
         costs = self.scenario.costs
         if hybrid:  # the in-process sync: hybrid_sync_s less the offload and wake modelled on their own
             self._set_phase(LaneState.SWITCH)
