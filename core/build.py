@@ -45,6 +45,8 @@ class ScheduleSettings(Protocol):
     def concurrent_samples_per_replica(self) -> int: ...
     @property
     def hybrid_concurrent_samples_per_replica(self) -> int | None: ...
+    @property
+    def partial_rollout(self) -> bool: ...
 
 
 def policy_name(settings: ScheduleSettings) -> str:
@@ -64,6 +66,7 @@ def build_controller_core(settings: ScheduleSettings, *, required_samples: int, 
     ctx = DynamicScheduleContext(
         required_samples=required_samples, trigger_parameter_sync_step=settings.trigger_parameter_sync_step,
         only_hybrid=only_hybrid, staleness_threshold=settings.staleness_threshold,
+        partial_rollout=settings.partial_rollout,
         concurrent_samples_per_replica=settings.concurrent_samples_per_replica,
         hybrid_concurrent_samples_per_replica=settings.hybrid_concurrent_samples_per_replica or 0,
         responses_per_sample=responses_per_sample,

@@ -192,7 +192,7 @@ class ControllerCore:
 
     def begin_sync(
         self, *, global_steps: int, version: int, total_generated_samples: int, completed_steps: int,
-        queue_size: int = -1, feed_done: bool = False,
+        queue_size: int = -1, feed_done: bool = False, generating_samples: int = 0,
     ) -> list[Command]:
         """Weights `version` are ready; returns the sync (and maybe activation) commands."""
         self._require(not self.in_sync, "begin_sync during a sync")
@@ -201,7 +201,7 @@ class ControllerCore:
         ctx.total_generated_samples = total_generated_samples
         ctx.expected_samples = ctx.step_required_samples * completed_steps
         ctx.buffer_samples = int(ctx.step_required_samples * ctx.staleness_threshold)
-        ctx.queue_size, ctx.feed_done = queue_size, feed_done
+        ctx.queue_size, ctx.feed_done, ctx.generating_samples = queue_size, feed_done, generating_samples
         active = self.mode is Mode.HYBRID_ACTIVE
         # Decided before any sync, so a skipped activation also skips the hybrid weight sync.
         policy_says = self.policy.should_activate_after_step(global_steps, active, ctx)

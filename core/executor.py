@@ -211,7 +211,8 @@ class ExecutorCore:
             commands = core.begin_sync(global_steps=event.global_steps, version=event.version,
                                        total_generated_samples=progress.total_generated,
                                        completed_steps=progress.completed_steps,
-                                       queue_size=progress.queue_size, feed_done=progress.feed_done)
+                                       queue_size=progress.queue_size, feed_done=progress.feed_done,
+                                       generating_samples=progress.generating)
             yield from self._explain(event.version)
         yield Checkpoint()
         activating = core.mode is Mode.ACTIVATING

@@ -149,6 +149,8 @@ class RolloutProgress:
     """Samples in the MessageQueue not yet taken by the trainer (-1: not read)."""
     feed_done: bool = False
     """Every prompt has been fed: nothing new will be started."""
+    generating: int = 0
+    """Samples taken from the feed and not yet queued (the rollouter status' active_tasks)."""
     idle_s: float = -1.0
     """Seconds the rollouter has been idle (paused, nothing generating) since it started (-1: not read)."""
     handed_over: int = 0

@@ -36,6 +36,13 @@ def rates(ctx: DynamicScheduleContext) -> tuple[float, float]:
     return standalone_rate, standalone_rate * ctx.hybrid_production_gain
 
 
+def queued_after_sync(ctx: DynamicScheduleContext) -> int:
+    """The samples queued once the sync is done: `ctx.queued_samples` plus, without partial rollout, the
+    samples in flight, which the sync's abort ends cut and queues (a response with no token yet starts
+    over: few at a sync)."""
+    return ctx.queued_samples + (0 if ctx.partial_rollout else ctx.generating_samples)
+
+
 def static_rate(ctx: DynamicScheduleContext, *, pooled: float) -> float:
     """The standalones' rate for the prediction of a cycle kept asleep: `pooled` (P_s), raised to their
     per-replica rate in steady cycles kept asleep (`static_samples_per_replica_s`) where that is higher.

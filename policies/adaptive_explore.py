@@ -8,7 +8,7 @@ that can keep the hybrids asleep for the whole run although the switch would mea
 
 from __future__ import annotations
 
-from policies.adaptive_cycle import best_wait, switch_cost_s
+from policies.adaptive_cycle import best_wait, queued_after_sync, switch_cost_s
 from policies.base import DynamicScheduleContext
 
 EXPLORE_RISK = 3.0
@@ -42,4 +42,4 @@ def exploring_wait(ctx: DynamicScheduleContext, *, activate_s: float, deactivate
                           prior_s=EXPLORE_PRIOR_FRACTION * ctx.trainer_s_per_micro_step)
     wait, _, dynamic_idle, _ = best_wait(ctx, switch_s=low_s)
     gain = max(0.0, static_idle) - max(low_s, dynamic_idle + activate_bias)
-    return wait if gain > min_gain_s and wait > ctx.queued_samples else 0
+    return wait if gain > min_gain_s and wait > queued_after_sync(ctx) else 0

@@ -49,8 +49,8 @@ other levels (`adaptive_model.level_correction`), but not a negative one before 
 behaviour, and re-measures one switch after RETRY_EVERY cycles kept asleep only by that correction (twice
 as many after each re-measure, up to RETRY_MAX); symmetrically, after FIRST_STAY_AFTER (then RETRY_EVERY,
 twice as many after each check the next decision overrules, up to RETRY_MAX) activations in a row it stays
-asleep once, so the static prediction is measured too. It never activates when the queue already holds the
-planned X (no window to fill).
+asleep once, so the static prediction is measured too. It never activates when the queue will hold the
+planned X once the sync is done (no window to fill; `adaptive_cycle.queued_after_sync`).
 
 Every threshold is in the controller's own seconds or relative to a measured duration, so the
 policy behaves the same on a time-scaled sim run and on a cluster. Before anything is measured it
@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.adaptive_cycle import best_wait, rates, static_rate, switch_cost_s
+from policies.adaptive_cycle import best_wait, queued_after_sync, rates, static_rate, switch_cost_s
 from policies.adaptive_explore import EXPLORE_AFTER, exploring_wait
 from policies.adaptive_model import (
     applied_corrections,
@@ -250,11 +250,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                                    static_measured=bool(self.idle_bias_cycles["stay"]))
         corrected_gain = (max(0.0, static_idle + bias["stay"])
                           - max(switch_s, dynamic_idle + bias["activate"]))
-        # No window (the queue already holds X): a switch then only raises the samples in flight for a
-        # moment (they finish on the standalones), which the rollouter's concurrency limit is for.
+        # No window (the queue holds X once synced; without partial rollout the sync queues those in flight,
+        # cut): a switch then only raises the samples in flight for a moment, which is the concurrency's job.
         margin_s = self._bias_uncertainty_s(level)
-        activate = corrected_gain > min_gain_s + margin_s and wait > surplus
-        why = "corrected gain vs min gain, and a window to fill (X > queued)"
+        activate = corrected_gain > min_gain_s + margin_s and wait > queued_after_sync(ctx)
+        why = "corrected gain vs min gain, and a window to fill (X > queued once synced)"
         if not activate and static_idle - dynamic_idle > min_gain_s:
             self.stays_by_bias += 1
             if self.stays_by_bias >= self.retry_after:
@@ -290,11 +290,11 @@ class AdaptiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.planned_wait_samples = wait if activate else 0
         self.last_decision = {
             "decision": "activate" if activate else "stay", "queued": surplus, "why": why,
-            "queue_level": level, "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
+            "queued_after_sync": queued_after_sync(ctx), "queue_level": level,
+            "idle_bias_s": {k: round(v, 3) for k, v in bias.items()},
             "corrected_gain_s": round(corrected_gain, 3), "uncertainty_s": round(margin_s, 3),
             "standalone_samples_per_s": round(standalone_rate, 4),
-            "static_samples_per_s": round(asleep_rate, 4),
-            "first_wait_samples_per_s": round(first_rate, 4),
+            "static_samples_per_s": round(asleep_rate, 4), "first_wait_samples_per_s": round(first_rate, 4),
             "hybrid_samples_per_s": round(hybrid_rate, 4),
             "fill_samples_per_s": round(ctx.hybrid_window_samples_per_s, 4),
             "trainer_s_per_micro_step": round(ctx.trainer_s_per_micro_step, 3),

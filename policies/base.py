@@ -99,6 +99,10 @@ class DynamicScheduleContext:
     still to train are `total_samples - expected_samples`."""
     feed_done: bool = False
     """Every prompt has been fed (read at the sync): no new sample will start, only in-flight ones finish."""
+    partial_rollout: bool = True
+    """async_training.partial_rollout (static): off, an abort ends the responses it finds where stopped."""
+    generating_samples: int = 0
+    """Samples taken from the feed and not yet queued, read at the sync (the rollouter's active_tasks)."""
     # ---- measured by the controller core (core/measure.py); 0 = nothing measured yet ----
     standalone_samples_per_replica_s: float = 0.0
     """Samples enqueued per standalone-replica-second while only standalones served (measured, decayed

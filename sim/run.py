@@ -169,7 +169,8 @@ class Simulation:
             return ex.RolloutProgress(total_generated=tracker.total_generated,
                                       completed_steps=tracker.completed_steps, queue_size=len(r.mq),
                                       cut_samples=r.lifecycle.cut_samples,
-                                      feed_done=status.feed_done, idle_s=status.idle_seconds(self._now()),
+                                      feed_done=status.feed_done, generating=status.active_tasks,
+                                      idle_s=status.idle_seconds(self._now()),
                                       handed_over=status.handed_over,
                                       handed_over_on_time=status.handed_over_on_time)
         elif isinstance(op, ex.ReleaseTrainer | ex.AcquireTrainer):

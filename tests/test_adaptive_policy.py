@@ -183,6 +183,21 @@ def test_a_production_bound_cycle_activates_and_waits_for_at_most_a_cycle_of_sam
     assert wait == decision["wait_for_samples"]
 
 
+def test_without_partial_rollout_the_samples_the_sync_will_cut_leave_no_window_to_fill():
+    # The sync's abort ends every sample in flight cut and queues it: a queue of 10 with 40 in flight holds
+    # 50 once synced, more than any X this cycle plans, so lending the GPUs would only pay the switch.
+    policy = make_adaptive()
+    ctx = production_bound()
+    ctx.generating_samples = 40
+    assert policy.should_activate_after_step(8, False, ctx) is True  # with partial rollout they resume
+    ctx.partial_rollout = False
+    policy = make_adaptive()
+    assert policy.should_activate_after_step(8, False, ctx) is False
+    decision = policy.last_decision
+    assert decision["static_idle_s"] - decision["dynamic_idle_s"] > decision["min_gain_s"]
+    assert decision["wait_for_samples"] <= decision["queued_after_sync"] == 10 + 40
+
+
 def test_fast_hybrid_windows_may_keep_the_hybrids_past_the_carry_over_limit():
     # staleness 0: nothing carries over, yet hybrids that fill the queue 3x faster than the standalones
     # alone shorten the cycle's later waits too, so the model plans a window past one micro-step

@@ -221,3 +221,15 @@ def test_without_partial_rollout_the_planner_trains_each_aborted_response_cut_wh
     assert cut.samples["retried_attempts"] < kept.samples["retried_attempts"]  # only aborts before a token
     assert cut.samples["trained"] == kept.samples["trained"]
     assert cut.tokens["trained"] < kept.tokens["trained"]
+
+
+def test_without_partial_rollout_the_adaptive_policy_counts_the_samples_a_sync_cuts_as_queued() -> None:
+    # the planner's controller reads the samples in flight at each sync, as the live one reads active_tasks
+    scenario = small("production").with_policy("adaptive")
+    cut = simulate(scenario.with_changes({"async_training.partial_rollout": False}))
+    kept = simulate(scenario)
+    in_flight = [d["queued_after_sync"] - d["queued"] for d in cut.decisions if "queued_after_sync" in d]
+    assert in_flight and max(in_flight) > 0
+    assert all(d["queued_after_sync"] == d["queued"] for d in kept.decisions if "queued_after_sync" in d)
+    activations = [d for d in cut.decisions if d["decision"] == "activate" and "queued_after_sync" in d]
+    assert all(d["wait_for_samples"] > d["queued_after_sync"] for d in activations)

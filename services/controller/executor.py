@@ -99,6 +99,7 @@ class Executor:
                                       completed_steps=int(state.get(F.COMPLETED_STEPS, 1)),
                                       cut_samples=int(state.get(F.CUT_SAMPLES, 0)),
                                       queue_size=queue_size, feed_done=status.feed_done,
+                                      generating=status.active_tasks,
                                       idle_s=status.idle_seconds(time.time()), handed_over=status.handed_over,
                                       handed_over_on_time=status.handed_over_on_time)
         elif isinstance(op, ex.Concurrently):
