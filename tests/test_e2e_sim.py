@@ -157,6 +157,21 @@ async def test_without_partial_rollout_every_sample_is_trained_once_and_no_respo
     assert min(s.enqueued_at for s in await stack.samples()) > first_live, "a sample beat the first sync"
 
 
+async def test_without_partial_rollout_the_live_controller_counts_the_samples_in_flight_a_sync_will_cut(
+        redis_server):
+    # the controller service reads the rollouter's active_tasks at each sync into the policy's context
+    stack = await run_stack(redis_server.url, trainer={"time_per_sample_s": 0.5},
+                            async_training={"partial_rollout": False, "dynamic_schedule_policy": "adaptive"},
+                            data={"total_rollout_steps": 64, "n": 2, "max_response_length": 2048},
+                            rollout={"sim": {"response_length": {"mean": 1024, "std": 256}}})
+    assert (await stack.accounting())[LOST] == 0
+    decisions = [e.decision for e in await stack.audit() if e.decision and "queued_after_sync" in e.decision]
+    assert decisions, "no audited adaptive decision"
+    assert any(d["queued_after_sync"] > d["queued"] for d in decisions), "no sample in flight at any sync"
+    activations = [d for d in decisions if d["decision"] == "activate"]
+    assert all(d["wait_for_samples"] > d["queued_after_sync"] for d in activations)
+
+
 async def test_static_fully_async_with_standalones_keeps_hybrids_asleep(redis_server):
     static = {"dynamic_schedule_policy": "static_fully_async"}
     stack = await run_stack(redis_server.url, async_training=static)
