@@ -72,10 +72,13 @@ class SampleProgress:
     def first_requests(self) -> list[GenerateRequest]:
         return [self._request(t) for t in self.trajectories]
 
+    def trajectory(self, request_id: str) -> TrajectoryProgress:
+        """The trajectory a request id ("<sample_id>/<index>") names."""
+        return self.trajectories[int(request_id.rsplit("/", 1)[1])]
+
     def apply(self, result: GenerateResult, *, partial_rollout: bool) -> GenerateRequest | None:
         """Fold one result in; returns the retry request to send, if any."""
-        index = int(result.request_id.rsplit("/", 1)[1])
-        traj = self.trajectories[index]
+        traj = self.trajectory(result.request_id)
         if traj.done or result.attempt != traj.attempt:
             return None  # a duplicate or a late answer to an attempt we already retried
         if result.token_ids:

@@ -172,9 +172,9 @@ class Rollouter:
         if retry is not None:
             delay_s = self.config.rollout.retry_delay_s * self.config.run.time_scale
             self._retries.append((time.monotonic() + delay_s, retry))
-        elif progress.done:  # an abort that ended the last response (partial rollout off) cut it
-            partial = self.config.async_training.partial_rollout
-            await self._enqueue(progress, cut=result.finish_reason == FinishReason.ABORT and not partial)
+        elif progress.done:  # cut if this result's abort ended the last response (partial rollout off)
+            ended = progress.trajectory(result.request_id).finish_reason
+            await self._enqueue(progress, cut=ended == FinishReason.ABORT)
 
     async def _send_retries(self, stop: asyncio.Event) -> None:
         """The original client sleeps 1 s before re-acquiring; the LB then picks a serving replica.
