@@ -5,18 +5,21 @@ redis-server), as `dynsched run` runs it. Each trial starts `configs/sim_small.y
 every cycle, `fixed_ratio`), waits a random number of micro-steps, then SIGKILLs a random set of services
 (controller, trainer, rollouter, load balancer, any rollout worker, Redis itself) at a random moment,
 once or twice (or, with `--hang-share`, SIGSTOPs some of them: hung, neither exiting nor answering; with
-`--term-share`, SIGTERMs some: a clean stop, exit status 0, through each service's shutdown path);
+`--term-share`, SIGTERMs some: a clean stop, exit status 0, through each service's shutdown path; with
+`--redis-hang-share`, SIGSTOPs Redis for good instead of killing it: the launcher must see it answer no
+PING and kill and restart it);
 the launcher must restart them and the run must end DONE with `lost` 0 and `duplicated`
 0 and every fed sample trained, and no service the faults did not hit may have been restarted (a
-collateral crash: a peer's fault that stopped another service). A trial that does not finish within
-`--timeout-s` is a failure, reported with its seed and the tail of each service log (of each collateral
-crash's), so it can be replayed (`--seed`).
+collateral crash: a peer's fault that stopped another service; not counted in a trial whose Redis hung,
+where every service waited on Redis as long as the launcher did and may have ended itself as stuck).
+A trial that does not finish within `--timeout-s` is a failure, reported with its seed and the tail of
+each service log (of each collateral crash's), so it can be replayed (`--seed`).
 
 The fault tests (tests/test_faults_*.py) each pin one injection; this draws many, including the ones
 nobody wrote a test for (a kill during a weight sync, during a switch, two services at once).
 
 Run: ``python -m bench.chaos [--trials 10] [--seed 0] [--time-scale 0.02] [--samples 256] [--hang-share 0.5]
-[--term-share 0.3] [--policy fixed_ratio] [--set KEY=VALUE ...] [--out FILE]``
+[--term-share 0.3] [--redis-hang-share 0.5] [--policy fixed_ratio] [--set KEY=VALUE ...] [--out FILE]``
 (~1 minute per trial on a quiet machine). ``--policy`` and ``--set`` (dotted config keys) put other paths
 under the faults, e.g. the fast switch mechanics: ``--policy adaptive --set
 async_training.dynamic_schedule_fold_hybrid_sync=true --set async_training.dynamic_schedule_overlap_wake=true
@@ -53,10 +56,10 @@ SIGNALS = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "term": signal.SIGTER
 
 
 def inject(job: launcher.Job, target: str, fault: str) -> None:
-    """Send one target its fault's signal (`SIGNALS`; the embedded Redis is always killed)."""
+    """Send one target its fault's signal (`SIGNALS`; the embedded Redis is killed or hung)."""
     if target == REDIS:
         if job.embedded is not None and job.embedded.proc is not None:
-            job.embedded.proc.kill()
+            job.embedded.proc.send_signal(SIGNALS["hang" if fault == "hang" else "kill"])
         return
     proc = job.procs.get(target)
     if proc is not None and proc.poll() is None:
@@ -71,9 +74,18 @@ def draw_fault(draw: float, *, hang_share: float, term_share: float) -> str:
     return "term" if draw < hang_share + term_share else "kill"
 
 
+def redis_fault(rng: random.Random, *, redis_hang_share: float) -> str:
+    """Redis's fault: `kill`, or `hang` for redis_hang_share of them (no draw at 0, so the seeds of
+    trials without Redis hangs draw the faults they always drew)."""
+    return "hang" if redis_hang_share and rng.random() < redis_hang_share else "kill"
+
+
 def collateral_restarts(summary: dict[str, Any], faults: list[dict[str, Any]]) -> dict[str, int]:
     """Services restarted (after a crash or a hang) that no fault hit: a peer's fault that made another
-    service exit is a bug even when the restart hides it (the run finishes, and the restart budget pays)."""
+    service exit is a bug even when the restart hides it (the run finishes, and the restart budget pays).
+    None after a Redis hang: every service then waited on Redis as long as the launcher did."""
+    if any(fault.get("hang") == REDIS for fault in faults):
+        return {}
     victims = {target for fault in faults for key, target in fault.items() if key in SIGNALS}
     restarted: dict[str, int] = {}
     for kind in ("restarts", "hung_kills"):
@@ -84,8 +96,8 @@ def collateral_restarts(summary: dict[str, Any], faults: list[dict[str, Any]]) -
 
 
 def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
-              hang_share: float = 0.0, term_share: float = 0.0, policy: str = "fixed_ratio",
-              changes: dict[str, Any] | None = None) -> dict[str, Any]:
+              hang_share: float = 0.0, term_share: float = 0.0, redis_hang_share: float = 0.0,
+              policy: str = "fixed_ratio", changes: dict[str, Any] | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
         directory = Path(tmp)
@@ -108,8 +120,10 @@ def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
                 time.sleep(rng.uniform(0.0, 1.0))  # somewhere inside the micro-step, the sync or a switch
                 victims = rng.sample(targets, k=rng.choice((1, 1, 2)))
                 for victim in victims:
-                    fault = draw_fault(rng.random() if victim != REDIS else 1.0, hang_share=hang_share,
-                                       term_share=term_share)
+                    if victim == REDIS:
+                        fault = redis_fault(rng, redis_hang_share=redis_hang_share)
+                    else:
+                        fault = draw_fault(rng.random(), hang_share=hang_share, term_share=term_share)
                     inject(job, victim, fault)
                     faults.append({"after_micro_step": job.completed_micro_steps(), fault: victim})
             while time.monotonic() - started < timeout_s:
@@ -141,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of faults that SIGSTOP a service instead of killing it (not Redis)")
     parser.add_argument("--term-share", type=float, default=0.0,
                         help="share of faults that SIGTERM a service (a clean stop) instead (not Redis)")
+    parser.add_argument("--redis-hang-share", type=float, default=0.0,
+                        help="share of Redis's faults that SIGSTOP it for good instead of killing it")
     parser.add_argument("--policy", default="fixed_ratio", help="the trials' dynamic scheduling policy")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a dotted config key of the trials' config (repeatable)")
@@ -151,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.trials):
         result = run_trial(args.seed + k, time_scale=args.time_scale, samples=args.samples,
                            timeout_s=args.timeout_s, hang_share=args.hang_share,
-                           term_share=args.term_share, policy=args.policy,
+                           term_share=args.term_share, redis_hang_share=args.redis_hang_share,
+                           policy=args.policy,
                            changes=changes)
         results.append(result)
         collateral = f" collateral restarts {result['collateral']}" if result["collateral"] else ""

@@ -4,8 +4,9 @@ Where it sits: behind `dynsched run` / `dynsched up` (services/cli.py); `run_job
 entry for tests. It knows the services only as `python -m services.<name>` command lines
 and reads back only Redis (the run-state contract in shared/names.py) and, at the end,
 the controller's admin API. A run, in order:
-  1. Redis: the given URL, or an embedded `redis-server` on a free port (AOF, restarted if it dies;
-     services/embedded_redis.py). Every Redis call retries for `run.redis_retry_window_s`.
+  1. Redis: the given URL, or an embedded `redis-server` on a free port (AOF, restarted if it dies
+     or answers no PING for `redis_hung_after_s`; services/embedded_redis.py). Every Redis call
+     retries for `run.redis_retry_window_s`.
   2. Claim the namespace: refuse if keys already live under it (a user's Redis is
      never flushed) unless `fresh` deletes exactly those keys.
   3. `run_state.status = running`; one subprocess per service (per rollout replica),
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POLL_INTERVAL_S = 0.2
 KNOWN_REFRESH_S = 5.0  # how often `poll` re-reads the sample hashes a summary without Redis would use
+MIN_REDIS_HUNG_AFTER_S = 2.0
+"""The embedded Redis is never killed as hung sooner (a retry window of 0 s would otherwise kill it at its
+first slow PING)."""
 
 
 class ServiceCrashed(RuntimeError):
@@ -102,6 +106,13 @@ def total_micro_steps(config: Config) -> int:
     return limits.total_train_steps * limits.trigger_parameter_sync_step
 
 
+def redis_hung_after_s(config: Config) -> float:
+    """Seconds without an answered PING after which the embedded Redis is killed as hung: a hung service's
+    budget, but at most half the retry window, so every client is still retrying when it comes back."""
+    run = config.run
+    return max(MIN_REDIS_HUNG_AFTER_S, min(run.stuck_loop_exit_s, run.redis_retry_window_s / 2))
+
+
 class Job:
     """One launched run: Redis, the namespace claim, the services; leaving the `with` stops them all.
 
@@ -119,7 +130,8 @@ class Job:
         self.log_dir = self.out_dir / "logs"
         self.redis_url = redis_url or ""
         self.fresh = fresh
-        self.embedded = None if redis_url else EmbeddedRedis(log_path=self.log_dir / "redis.log")
+        self.embedded = None if redis_url else EmbeddedRedis(
+            log_path=self.log_dir / "redis.log", hung_after_s=redis_hung_after_s(self.config))
         self.client: redis.Redis | None = None
         self.specs = {spec.name: spec for spec in service_specs(self.config)}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -358,6 +370,7 @@ class Job:
             "restarts": {name: n for name, n in self.restarts.items() if n},
             "hung_kills": {name: n for name, n in self.hung_kills.items() if n},
             "redis_restarts": self.embedded.restarts if self.embedded else None,
+            "redis_hung_kills": self.embedded.hung_kills if self.embedded else None,
         }
 
 

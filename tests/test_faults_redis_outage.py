@@ -2,13 +2,15 @@
 retries for `run.redis_retry_window_s`. Redis SIGKILLed mid-run and started again on the same port
 from its append-only file: the run finishes, every fed sample trained exactly once (per sample id).
 Redis gone for longer than the window: the run fails with its outputs written, never a traceback.
-Redis back without the run's state (no AOF): the run fails too, rather than starting again."""
+Redis back without the run's state (no AOF): the run fails too, rather than starting again. The
+launcher's own Redis hung for good (SIGSTOP): killed as hung and restarted from its file, the run finishes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -97,6 +99,22 @@ def test_the_launcher_restarts_its_own_redis_killed_mid_run_and_the_run_finishes
         summary = job.summary(wall_time_s=job.elapsed_s, admin={})
         states = job.read(job.names.sample_states)
     assert summary["redis_restarts"] == 1
+    assert len(states) == SAMPLES and set(states.values()) == {SampleState.TRAINED}
+    assert summary["samples"][LOST] == 0 and summary["samples"][DUPLICATED] == 0
+
+
+def test_the_launcher_kills_and_restarts_its_own_redis_that_stops_answering_and_the_run_finishes(
+        tmp_path: Path) -> None:
+    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
+    with launcher.Job(config_path=config, out_dir=tmp_path / "run") as job:
+        assert job.embedded is not None and job.embedded.hung_after_s == 15.0, "half the 30 s retry window"
+        wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60, what="4 micro-steps")
+        assert job.embedded is not None and job.embedded.proc is not None
+        job.embedded.proc.send_signal(signal.SIGSTOP)  # hung for good: alive, answering nothing
+        run_to_the_end(job, timeout_s=180)
+        summary = job.summary(wall_time_s=job.elapsed_s, admin={})
+        states = job.read(job.names.sample_states)
+    assert summary["redis_hung_kills"] == 1 and summary["redis_restarts"] == 1
     assert len(states) == SAMPLES and set(states.values()) == {SampleState.TRAINED}
     assert summary["samples"][LOST] == 0 and summary["samples"][DUPLICATED] == 0
 

@@ -7,8 +7,10 @@ module that does not exist, so `python -m` exits 1 at once.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,51 @@ def test_embedded_redis_keeps_an_append_only_file_and_is_restarted_with_its_data
     assert server.proc is None
     with pytest.raises(redis.ConnectionError), redis.Redis.from_url(url, socket_connect_timeout=1) as client:
         client.ping()
+
+
+def test_embedded_redis_that_stops_answering_is_killed_and_restarted_with_its_data(tmp_path: Path) -> None:
+    server = EmbeddedRedis(log_path=tmp_path / "redis.log", hung_after_s=1.0)
+    url = server.start()
+    try:
+        with redis.Redis.from_url(url) as client:
+            client.set("k", "v")
+        assert server.proc is not None
+        server.ensure_running()  # it answers: nothing happens
+        assert server.hung_kills == 0 and server.restarts == 0
+        server.proc.send_signal(signal.SIGSTOP)  # alive, but answers nothing: no exit status to see
+        deadline_s = time.monotonic() + 10.0
+        while server.hung_kills == 0 and time.monotonic() < deadline_s:
+            server.ensure_running()
+            time.sleep(0.1)
+        assert server.hung_kills == 1 and server.restarts == 1 and server.url == url
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            assert client.get("k") == b"v", "the restart replays the append-only file"
+    finally:
+        server.stop()
+
+
+def test_embedded_redis_without_a_hang_limit_is_never_killed_while_alive(tmp_path: Path) -> None:
+    server = EmbeddedRedis(log_path=tmp_path / "redis.log")
+    server.start()
+    try:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        for _ in range(3):
+            server.ensure_running()
+        assert server.hung_kills == 0 and server.restarts == 0 and server.proc.poll() is None
+        server.proc.send_signal(signal.SIGCONT)
+    finally:
+        server.stop()
+
+
+def test_the_embedded_redis_counts_as_hung_after_half_the_retry_window_or_a_hung_services_budget() -> None:
+    config = load_config(SMALL_CONFIG)
+    assert launcher.redis_hung_after_s(config) == config.run.redis_retry_window_s / 2
+    short = config.model_copy(update={"run": config.run.model_copy(
+        update={"loop_stale_s": 3.0, "hung_grace_s": 2.0})})
+    assert launcher.redis_hung_after_s(short) == 5.0, "a hung service's budget when it is shorter"
+    no_window = config.model_copy(update={"run": config.run.model_copy(update={"redis_retry_window_s": 0.0})})
+    assert launcher.redis_hung_after_s(no_window) == launcher.MIN_REDIS_HUNG_AFTER_S
 
 
 def test_a_namespace_with_keys_is_refused_and_left_untouched(redis_server: RedisServer) -> None:
