@@ -16,16 +16,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import msgspec
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from core.timeline import TRAINER, Interval, timeline  # noqa: E402
-from shared.schema import AuditEvent  # noqa: E402
-from shared.vocab import LaneState  # noqa: E402
-from sim.plots import COLORS  # noqa: E402  (one palette for simulated and recorded runs)
+from core.timeline import TRAINER, Interval, timeline
+from shared.schema import AuditEvent
+from shared.vocab import LaneState
+from sim.plots import COLORS, pyplot  # one palette for simulated and recorded runs
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -40,6 +36,7 @@ def read_audit(path: Path) -> list[AuditEvent]:
 
 
 def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
+    plt = pyplot()
     order = sorted(r for r in rows if r.startswith("standalone")) + sorted(
         r for r in rows if r.startswith("hybrid")) + [TRAINER]
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(order) + 1.5))
@@ -61,6 +58,7 @@ def plot_resource_time(rows: dict[str, list[Interval]], path: Path) -> None:
 
 
 def plot_reward_curve(metrics: list[dict[str, Any]], path: Path) -> None:
+    plt = pyplot()
     points = [(m["version"], m["training/reward_mean"]) for m in metrics if "training/reward_mean" in m]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([v for v, _ in points], [r for _, r in points], marker="o")
