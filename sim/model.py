@@ -244,7 +244,7 @@ class Replica:
         self._reschedule()
 
     def _step_s(self) -> float:
-        return self.cfg.step_time_s(self._decoding, self.speed, self._k + self._decoding * self._v)
+        return self.cfg.step_time_s(self._decoding, self.speed, self._context_tokens())
 
     def _advance(self) -> None:
         now = self.engine.now_s
