@@ -20,12 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.chaos import REDIS
 from bench.live_run import live_config, wait_for
 from services import launcher
 from shared.names import RunStatus
-
-REDIS = "redis"
-"""The launcher's embedded Redis as a target."""
 
 
 def one_run(service: str | None) -> dict[str, Any]:
