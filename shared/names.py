@@ -11,6 +11,7 @@ Data flow over the streams:
     rollout-worker --lb_results--> loadbalancer --rollouter_results--> rollouter
     rollouter --mq--> trainer (consumer group TRAINER_GROUP; mq_size = its lag:
     samples not yet taken by the trainer)
+    trainer --rollouter_regenerate--> rollouter (a queued sample whose mq entry vanished)
     trainer --trainer_events--> controller --trainer_replies / trainer_commands--> trainer
     controller --worker_commands(id) / lb_commands / rollouter_commands--> peers
     trainer --worker_commands(id)--> rollout-worker (a weight sync: reload or push steps)
@@ -87,6 +88,9 @@ class AccountingField(StrEnum):
     QUEUED = "queued"
     TRAINED = "trained"
     DROPPED = "dropped"
+    VANISHED = "vanished"
+    """Not a state: the times a queued sample went back to generating because its MessageQueue entry
+    vanished (deleted or trimmed outside the run, or dead-lettered after too many deliveries)."""
 
 
 class RolloutStateField(StrEnum):
@@ -203,6 +207,11 @@ class Names:
     @property
     def rollouter_commands(self) -> str:
         return self._key("rollouter", "commands")
+
+    @property
+    def rollouter_regenerate(self) -> str:
+        """Trainer -> rollouter: queued samples whose MessageQueue entry vanished, to generate again."""
+        return self._key("rollouter", "regenerate")
 
     @property
     def trainer_events(self) -> str:

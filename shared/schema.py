@@ -338,10 +338,20 @@ class CycleMetrics:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Regenerate:
+    """Trainer -> rollouter: generate this sample again. It was queued, but its MessageQueue entry
+    vanished; the trainer's script (services/trainer/vanished.py) moved it back to generating and writes
+    this entry itself, with these field names."""
+
+    type: ClassVar[str] = "regenerate"
+    sample_id: str
+
+
 Message = (CycleMetrics | Sample | GenerateRequest | GenerateResult | Command | CommandAck | TrainerEvent
-           | TrainerReply | AuditEvent)
+           | TrainerReply | AuditEvent | Regenerate)
 _CODEC = Codec(CycleMetrics, Sample, GenerateRequest, GenerateResult, Command, CommandAck, TrainerEvent,
-               TrainerReply, AuditEvent)
+               TrainerReply, AuditEvent, Regenerate)
 
 
 def encode(message: Message) -> dict[Any, Any]:

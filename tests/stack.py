@@ -48,10 +48,11 @@ def sim_config(**overrides: Any) -> Config:
 
 def consumer_group_streams(names: Names, replica_ids: tuple[str, ...]) -> list[str]:
     """Every stream a service reads with a consumer group: the MessageQueue, the request and result
-    paths, every service's commands, the trainer's step-phase events and replies, and the requests and
-    commands of the given replicas' workers."""
+    paths, every service's commands, the rollouter's regenerate requests, the trainer's step-phase
+    events and replies, and the requests and commands of the given replicas' workers."""
     return [names.mq, names.lb_requests, names.lb_results, names.lb_commands, names.rollouter_results,
-            names.rollouter_commands, names.trainer_events, names.trainer_replies, names.trainer_commands,
+            names.rollouter_commands, names.rollouter_regenerate, names.trainer_events, names.trainer_replies,
+            names.trainer_commands,
             *(stream for replica_id in replica_ids
               for stream in (names.worker_requests(replica_id), names.worker_commands(replica_id)))]
 

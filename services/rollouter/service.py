@@ -40,6 +40,7 @@ from shared.schema import (
     CommandAction,
     GenerateRequest,
     GenerateResult,
+    Regenerate,
     RolloutReport,
     Sample,
     encode,
@@ -85,16 +86,18 @@ class Rollouter:
         await self._restore()
         results = await self.bus.subscribe(names.rollouter_results, ROLLOUTER_GROUP, CONSUMER)
         commands = await self.bus.subscribe(names.rollouter_commands, ROLLOUTER_GROUP, CONSUMER)
+        regenerate = await self.bus.subscribe(names.rollouter_regenerate, ROLLOUTER_GROUP, CONSUMER)
         try:
             await supervise({"rollouter.feed": self._feed(stop),
                              "rollouter.collect": self._collect(results, stop),
+                             "rollouter.regenerate": self._regenerate(regenerate, stop),
                              "rollouter.retries": self._send_retries(stop),
                              "rollouter.commands": self.bus.serve_commands(commands, stop, sender=CONSUMER,
                                                                            apply=self._apply),
                              "rollouter.monitor": self._monitor(stop)})
         finally:
-            await results.close()
-            await commands.close()
+            for sub in (results, commands, regenerate):
+                await sub.close()
 
     async def _restore(self) -> None:
         names = self.bus.names
@@ -175,6 +178,21 @@ class Rollouter:
         elif progress.done:  # cut if this result's abort ended the last response (partial rollout off)
             ended = progress.trajectory(result.request_id).finish_reason
             await self._enqueue(progress, cut=ended == FinishReason.ABORT)
+
+    async def _regenerate(self, sub: Subscription, stop: asyncio.Event) -> None:
+        """Generate again each sample the trainer found queued without a MessageQueue entry (it moved it
+        back to generating: services/trainer/vanished.py); a copy of the request, or one for a sample
+        already regenerating or queued again, changes nothing."""
+        while not stop.is_set():
+            batch = await sub.read(count=256, block_ms=200)
+            ids = [m.sample_id for _, m in batch if isinstance(m, Regenerate)]
+            states = await self.bus.redis.hmget(self.bus.names.sample_states, ids) if ids else []
+            for sample_id, state in zip(ids, states, strict=True):
+                if text(state or b"") == SampleState.GENERATING and sample_id not in self.progress:
+                    log.warning("regenerating %s (queued, but its MessageQueue entry vanished)", sample_id)
+                    self.lifecycle.adopt(sample_id, time.time())
+                    await self._submit(self._new_progress(sample_id), record_feed=False)
+            await sub.ack(*(entry_id for entry_id, _ in batch))
 
     async def _send_retries(self, stop: asyncio.Event) -> None:
         """The original client sleeps 1 s before re-acquiring; the LB then picks a serving replica.

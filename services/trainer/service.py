@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from core import trainer_cycle as tc
 from core.flow import FlowLimits
 from core.metrics import stale_trajectory_count, trained_batch_metrics
+from services.trainer import vanished
 from services.trainer.exactly_once import mark_trained, screen
 from services.trainer.weight_push import StreamSyncClient
 from shared.bus import Bus, Subscription, malformed_reason, text
@@ -230,11 +231,18 @@ class Trainer:
         samples not in state queued (duplicates, unknown ids), are dead-lettered and replaced."""
         batch: Batch = []
         taken: set[str] = set()
+        waiting_since_s = time.monotonic()
         while len(batch) < required:
             if stop.is_set():
                 raise StopRequested
+            entries = await mq.read(count=required - len(batch), block_ms=200)
+            if entries:
+                waiting_since_s = time.monotonic()
+            elif time.monotonic() - waiting_since_s >= vanished.CHECK_AFTER_S:  # queued, never delivered?
+                await vanished.requeue_vanished(self.bus.redis, self.bus.names, held=taken)
+                waiting_since_s = time.monotonic()
             decoded = []
-            for entry in await mq.read(count=required - len(batch), block_ms=200):
+            for entry in entries:
                 try:
                     message = decode(entry.fields)
                 except Exception as exc:  # any failure to decode one entry fails that entry alone
