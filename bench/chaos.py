@@ -19,7 +19,8 @@ The fault tests (tests/test_faults_*.py) each pin one injection; this draws many
 nobody wrote a test for (a kill during a weight sync, during a switch, two services at once).
 
 Run: ``python -m bench.chaos [--trials 10] [--seed 0] [--time-scale 0.02] [--samples 256] [--hang-share 0.5]
-[--term-share 0.3] [--redis-hang-share 0.5] [--policy fixed_ratio] [--set KEY=VALUE ...] [--out FILE]``
+[--term-share 0.3] [--redis-hang-share 0.5] [--mq-faults] [--policy fixed_ratio] [--set KEY=VALUE ...]
+[--out FILE]``
 (~1 minute per trial on a quiet machine). ``--policy`` and ``--set`` (dotted config keys) put other paths
 under the faults, e.g. the fast switch mechanics: ``--policy adaptive --set
 async_training.dynamic_schedule_fold_hybrid_sync=true --set async_training.dynamic_schedule_overlap_wake=true
@@ -49,6 +50,9 @@ HANG_STALE_S = 10.0
 service is killed about 15 s after its last report, so a trial does not wait minutes for it."""
 REDIS = "redis"
 """The embedded Redis server as a fault target (its process belongs to the launcher, not to `procs`)."""
+MQ = "mq"
+"""The MessageQueue stream as a fault target (`--mq-faults`): an operator's `XTRIM MAXLEN 0` or `DEL`."""
+MQ_FAULTS = ("trim", "delete")
 
 
 SIGNALS = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "term": signal.SIGTERM}
@@ -60,6 +64,12 @@ def inject(job: launcher.Job, target: str, fault: str) -> None:
     if target == REDIS:
         if job.embedded is not None and job.embedded.proc is not None:
             job.embedded.proc.send_signal(SIGNALS["hang" if fault == "hang" else "kill"])
+        return
+    if target == MQ:
+        if fault == "trim":
+            job.redis.xtrim(job.names.mq, maxlen=0)
+        else:
+            job.redis.delete(job.names.mq)
         return
     proc = job.procs.get(target)
     if proc is not None and proc.poll() is None:
@@ -97,7 +107,8 @@ def collateral_restarts(summary: dict[str, Any], faults: list[dict[str, Any]]) -
 
 def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
               hang_share: float = 0.0, term_share: float = 0.0, redis_hang_share: float = 0.0,
-              policy: str = "fixed_ratio", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+              mq_faults: bool = False, policy: str = "fixed_ratio",
+              changes: dict[str, Any] | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
         directory = Path(tmp)
@@ -109,7 +120,7 @@ def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
         started = time.monotonic()
         with launcher.Job(config_path=config, out_dir=directory / "run") as job:
             total = launcher.total_micro_steps(job.config)
-            targets = [*sorted(job.procs), REDIS]
+            targets = [*sorted(job.procs), REDIS, *([MQ] if mq_faults else [])]
             plan = sorted(rng.sample(range(1, max(2, total - 1)), k=min(2, max(1, total - 2))))
             status = None
             for at_step in plan:
@@ -122,6 +133,8 @@ def run_trial(seed: int, *, time_scale: float, samples: int, timeout_s: float,
                 for victim in victims:
                     if victim == REDIS:
                         fault = redis_fault(rng, redis_hang_share=redis_hang_share)
+                    elif victim == MQ:
+                        fault = rng.choice(MQ_FAULTS)
                     else:
                         fault = draw_fault(rng.random(), hang_share=hang_share, term_share=term_share)
                     inject(job, victim, fault)
@@ -157,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of faults that SIGTERM a service (a clean stop) instead (not Redis)")
     parser.add_argument("--redis-hang-share", type=float, default=0.0,
                         help="share of Redis's faults that SIGSTOP it for good instead of killing it")
+    parser.add_argument("--mq-faults", action="store_true",
+                        help="the MessageQueue is a target too: XTRIM MAXLEN 0 or DEL of the stream")
     parser.add_argument("--policy", default="fixed_ratio", help="the trials' dynamic scheduling policy")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a dotted config key of the trials' config (repeatable)")
@@ -168,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_trial(args.seed + k, time_scale=args.time_scale, samples=args.samples,
                            timeout_s=args.timeout_s, hang_share=args.hang_share,
                            term_share=args.term_share, redis_hang_share=args.redis_hang_share,
-                           policy=args.policy,
+                           mq_faults=args.mq_faults, policy=args.policy,
                            changes=changes)
         results.append(result)
         collateral = f" collateral restarts {result['collateral']}" if result["collateral"] else ""

@@ -37,22 +37,22 @@ async def states(redis: aredis.Redis) -> dict[str, str]:
 
 async def test_queued_samples_still_deliverable_pending_or_held_are_left_alone(redis_client):
     await ensure_group(redis_client, NAMES.mq, TRAINER_GROUP)
-    await queue(redis_client, "a", "b", "c", "d")
+    a, _, _ = await queue(redis_client, "a", "b", "c")
     await redis_client.xreadgroup(TRAINER_GROUP, "trainer", {NAMES.mq: ">"}, count=2)  # a, b: pending
-    await redis_client.xtrim(NAMES.mq, maxlen=1)  # a, b, c deleted; d still unread
-    assert await requeue_vanished(redis_client, NAMES, held={"a", "b", "c"}) == []
+    await redis_client.xdel(NAMES.mq, a)  # a: in the trainer's hands; b: pending; c: not delivered yet
+    assert await requeue_vanished(redis_client, NAMES, held=[(a, "a")]) == []
     assert set((await states(redis_client)).values()) == {SampleState.QUEUED}
 
 
 async def test_a_queued_sample_without_an_entry_goes_back_to_generating_with_one_regenerate_entry(
         redis_client):
     await ensure_group(redis_client, NAMES.mq, TRAINER_GROUP)
-    a, _, _ = await queue(redis_client, "a", "b", "c")
-    await redis_client.xreadgroup(TRAINER_GROUP, "trainer", {NAMES.mq: ">"}, count=1)  # a: pending
-    await redis_client.xdel(NAMES.mq, a)
-    await redis_client.xgroup_setid(NAMES.mq, TRAINER_GROUP, "$")  # b and c skipped: never deliverable
-    assert await requeue_vanished(redis_client, NAMES, held={"b"}) == ["a", "c"]
-    assert await requeue_vanished(redis_client, NAMES, held={"b"}) == []  # once only
+    a, b, _ = await queue(redis_client, "a", "b", "c")
+    await redis_client.xreadgroup(TRAINER_GROUP, "trainer", {NAMES.mq: ">"}, count=2)  # a, b: pending
+    await redis_client.xdel(NAMES.mq, a)  # deleted while pending, and not in the trainer's hands
+    await redis_client.xgroup_setid(NAMES.mq, TRAINER_GROUP, "$")  # c skipped: never deliverable
+    assert await requeue_vanished(redis_client, NAMES, held=[(b, "b")]) == ["a", "c"]
+    assert await requeue_vanished(redis_client, NAMES, held=[(b, "b")]) == []  # once only
     entries: Any = await redis_client.xrange(NAMES.rollouter_regenerate)
     accounting = {text(k): int(v) for k, v in (await redis_client.hgetall(NAMES.accounting)).items()}
     assert [decode(fields) for _, fields in entries] == [Regenerate(sample_id="a"), Regenerate(sample_id="c")]
@@ -64,9 +64,10 @@ async def test_a_queued_sample_without_an_entry_goes_back_to_generating_with_one
 
 async def test_a_deleted_message_queue_sends_every_queued_sample_not_held_back(redis_client):
     await ensure_group(redis_client, NAMES.mq, TRAINER_GROUP)
-    await queue(redis_client, "a", "b")
+    a, _ = await queue(redis_client, "a", "b")
+    await redis_client.xreadgroup(TRAINER_GROUP, "trainer", {NAMES.mq: ">"}, count=1)
     await redis_client.delete(NAMES.mq)
-    assert await requeue_vanished(redis_client, NAMES, held={"a"}) == ["b"]
+    assert await requeue_vanished(redis_client, NAMES, held=[(a, "a")]) == ["b"]
 
 
 async def test_a_check_sets_the_groups_lag_back_to_the_entries_left_after_unread_ones_were_trimmed(
@@ -75,10 +76,11 @@ async def test_a_check_sets_the_groups_lag_back_to_the_entries_left_after_unread
     overstates the queue and pauses the rollouter on a queue that is empty."""
     await ensure_group(redis_client, NAMES.mq, TRAINER_GROUP)
     await queue(redis_client, "a", "b", "c")
-    await redis_client.xtrim(NAMES.mq, maxlen=0)
-    await queue(redis_client, "d")
-    await redis_client.xreadgroup(TRAINER_GROUP, "trainer", {NAMES.mq: ">"}, count=1)  # d: pending
-    await requeue_vanished(redis_client, NAMES, held={"d"})
+    await redis_client.xreadgroup(TRAINER_GROUP, "trainer", {NAMES.mq: ">"}, count=1)
+    await redis_client.xtrim(NAMES.mq, maxlen=0)  # b and c deleted unread
+    (d,) = await queue(redis_client, "d")
+    await redis_client.xreadgroup(TRAINER_GROUP, "trainer", {NAMES.mq: ">"}, count=1)
+    await requeue_vanished(redis_client, NAMES, held=[(d, "d")])
     await queue(redis_client, "e")
     assert await group_lag(redis_client, NAMES.mq, TRAINER_GROUP) == 1
 

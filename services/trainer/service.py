@@ -239,7 +239,8 @@ class Trainer:
             if entries:
                 waiting_since_s = time.monotonic()
             elif time.monotonic() - waiting_since_s >= vanished.CHECK_AFTER_S:  # queued, never delivered?
-                await vanished.requeue_vanished(self.bus.redis, self.bus.names, held=taken)
+                await vanished.requeue_vanished(self.bus.redis, self.bus.names,
+                                                held=[(entry_id, m.sample_id) for entry_id, m in batch])
                 waiting_since_s = time.monotonic()
             decoded = []
             for entry in entries:

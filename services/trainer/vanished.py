@@ -17,15 +17,16 @@ prompt. Nothing is trained twice: a sample in the trainer's hands is `held`, and
 entry is screened like any copy. The trainer is the group's only consumer, so while it is collecting it
 knows every entry the group has handed out and not yet committed.
 
-Cost: with the queue drained (the trainer calls it only after reads that returned nothing) the script reads
-the group's pending entries and one state per entry; only when the queued count exceeds what they account
-for does it read the whole state hash.
+Cost: the trainer calls it only after reads that returned nothing, so no entry is left undelivered, and the
+pending entries are the ones in its hands, whose sample ids it passes: the script reads no entry's content
+then, and one state per sample. Only when the queued count exceeds what those account for does it read the
+whole state hash.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Iterable
 
 import redis.asyncio as aredis
 
@@ -41,15 +42,18 @@ such interval."""
 REQUEUE_VANISHED = """
 -- KEYS: sample_states, accounting, mq, regenerate stream
 -- ARGV: group, queued, generating, accounting 'queued', 'generating', 'vanished' fields, Regenerate's
---       type tag, then the sample ids the trainer holds
+--       type tag, then (entry id, sample id) of each sample the trainer holds
 local function field(flat, name)
   for i = 1, #flat, 2 do
     if flat[i] == name then return flat[i + 1] end
   end
   return nil
 end
-local live = {}
-for i = 8, #ARGV do live[ARGV[i]] = true end
+local live, held = {}, {}
+for i = 8, #ARGV, 2 do
+  held[ARGV[i]] = true
+  live[ARGV[i + 1]] = true
+end
 local function deliverable(entries)
   for _, entry in ipairs(entries) do
     local sample_id = field(entry[2], 'sample_id')
@@ -74,7 +78,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   end
   if pending > 0 then
     for _, p in ipairs(redis.call('XPENDING', KEYS[3], ARGV[1], '-', '+', pending)) do
-      deliverable(redis.call('XRANGE', KEYS[3], p[1], p[1]))
+      if not held[p[1]] then deliverable(redis.call('XRANGE', KEYS[3], p[1], p[1])) end
     end
   end
 end
@@ -103,12 +107,17 @@ return vanished
 """
 
 
-async def requeue_vanished(redis: aredis.Redis, names: Names, *, held: Collection[str]) -> list[str]:
-    """Move every `queued` sample that no deliverable MessageQueue entry and nothing in `held` accounts for
-    back to `generating` and ask the rollouter to generate it again, atomically; their ids."""
+async def requeue_vanished(redis: aredis.Redis, names: Names, *,
+                           held: Iterable[tuple[bytes, str]]) -> list[str]:
+    """Move every `queued` sample that no deliverable MessageQueue entry and nothing `held` ((entry id,
+    sample id) pairs in the trainer's hands) accounts for back to `generating` and ask the rollouter to
+    generate it again, atomically; their ids."""
     keys = [names.sample_states, names.accounting, names.mq, names.rollouter_regenerate]
-    args = [TRAINER_GROUP, SampleState.QUEUED, SampleState.GENERATING, AccountingField.QUEUED,
-            AccountingField.GENERATING, AccountingField.VANISHED, Regenerate.type, *held]
+    args: list[bytes | str] = [TRAINER_GROUP, SampleState.QUEUED, SampleState.GENERATING,
+                               AccountingField.QUEUED, AccountingField.GENERATING, AccountingField.VANISHED,
+                               Regenerate.type]
+    for entry_id, sample_id in held:
+        args += [entry_id, sample_id]
     raw = await redis.eval(REQUEUE_VANISHED, len(keys), *keys, *args)  # type: ignore[misc]
     vanished = sorted(as_str(sample_id) for sample_id in raw)
     if vanished:
