@@ -55,6 +55,7 @@ from services.run_outputs import StreamExport, fetch_admin_status, read_hash, ru
 from services.run_outputs import admin_address as admin_address
 from services.run_outputs import read_stream as read_stream
 from services.run_outputs import sample_counts as sample_counts
+from services.state_kept import lost_state_reason
 from shared.bus import text
 from shared.config import Config, load_config
 from shared.health import judge
@@ -76,9 +77,9 @@ class ServiceCrashed(RuntimeError):
 
 
 class RedisStateLost(RuntimeError):
-    """Redis no longer holds the run state the launcher wrote at the start: it was restarted without
-    its append-only file, flushed, or evicted keys. The sample ledger cannot be trusted past that
-    point, so the run is stopped and marked failed instead of going on as a new run."""
+    """Redis no longer holds the run state the launcher wrote at the start, or part of the sample ledger
+    (services/state_kept.py). The ledger cannot be trusted past that point, so the run is stopped and
+    marked failed instead of going on as a new run."""
 
 
 class NamespaceInUse(ValueError):
@@ -229,16 +230,12 @@ class Job:
         return status
 
     def check_state_kept(self, run_state: dict[str, str]) -> None:
-        """RedisStateLost unless `run_state` still holds the start this launcher wrote (the hashes last
-        read, in `known`, are then the run's record)."""
-        found = run_state.get(RunStateField.STARTED_AT)
-        if self.run_id and found != self.run_id:
-            steps = micro_steps_done(self.known.get(self.names.trainer_state, {}))
-            raise RedisStateLost(
-                f"Redis lost this run's state (run_state.started_at is {found or 'gone'}, this run wrote "
-                f"{self.run_id}) after about {steps} micro-step(s): it restarted without its append-only "
-                f"file, was flushed, or evicted keys (use appendonly yes and maxmemory-policy noeviction); "
-                f"the samples before it cannot be accounted for, so the run stops here")
+        """RedisStateLost unless Redis still holds this run's state (services/state_kept.py); the hashes
+        last read, in `known`, are then the run's record."""
+        steps = micro_steps_done(self.known.get(self.names.trainer_state, {}))
+        if reason := lost_state_reason(self.redis, self.names, run_id=self.run_id, run_state=run_state,
+                                       micro_steps=steps):
+            raise RedisStateLost(reason)
 
     def supervise(self) -> None:
         """Start again each child that exited, or was killed as hung, once its backoff has passed

@@ -167,6 +167,26 @@ def test_redis_restarted_without_its_append_only_file_fails_the_run_instead_of_s
     assert summary["micro_steps"] >= 4, "the summary holds what the launcher knew before the loss"
 
 
+def test_a_sample_ledger_deleted_by_hand_mid_run_fails_the_run_instead_of_leaving_it_waiting(
+        tmp_path: Path) -> None:
+    """`DEL dynsched:samples` with the run going: every sample then looked never queued to the trainer,
+    which dead-lettered them all, and the run waited for good; the launcher now stops it with the reason."""
+    server = RedisServer(workdir=tmp_path / "redis", appendonly=True)
+    server.start()
+    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
+    out = tmp_path / "run"
+    try:
+        with pytest.raises(launcher.RedisStateLost, match="sample ledger"), \
+                launcher.Job(config_path=config, out_dir=out, redis_url=server.url) as job:
+            wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60,
+                     what="4 micro-steps")
+            job.redis.delete(job.names.sample_states)
+            run_to_the_end(job, timeout_s=60)
+    finally:
+        server.stop()
+    failed_summary(out, flag="redis_state_lost", reason="RedisStateLost")
+
+
 def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_summary(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     server = RedisServer(workdir=tmp_path / "redis", appendonly=True)

@@ -155,7 +155,7 @@ def test_lost_and_duplicated_samples_come_from_the_per_sample_states_not_the_cou
     accounting = {a.FED: "10", a.GENERATING: "0", a.QUEUED: "0", a.TRAINED: "10"}
     states = {**{f"s{i}": s.TRAINED for i in range(5)}, "g": s.GENERATING, "q": s.QUEUED, "q2": s.QUEUED}
     counts = launcher.sample_counts(accounting, states)
-    assert counts == {a.FED: 10, a.GENERATING: 1, a.QUEUED: 2, a.TRAINED: 5, a.DROPPED: 0,
+    assert counts == {a.FED: 10, a.GENERATING: 1, a.QUEUED: 2, a.TRAINED: 5, a.DROPPED: 0, a.VANISHED: 0,
                       launcher.LOST: 2, launcher.DUPLICATED: 5}
 
 
