@@ -114,3 +114,11 @@ async def test_a_message_queue_trimmed_or_deleted_mid_run_is_refilled_and_the_ru
     assert counts[AccountingField.VANISHED] >= 1
     assert counts[AccountingField.FED] == counts[AccountingField.TRAINED] == 64
     assert counts[LOST] == 0 and counts[DUPLICATED] == 0
+
+
+async def test_a_queued_count_that_drifted_above_the_queued_samples_is_set_right_by_one_check(redis_client):
+    await ensure_group(redis_client, NAMES.mq, TRAINER_GROUP)
+    await queue(redis_client, "a")
+    await redis_client.hincrby(NAMES.accounting, AccountingField.QUEUED, 5)  # e.g. a write lost in a crash
+    assert await requeue_vanished(redis_client, NAMES, held=[]) == []
+    assert int(await redis_client.hget(NAMES.accounting, AccountingField.QUEUED)) == 1

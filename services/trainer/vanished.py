@@ -20,7 +20,8 @@ knows every entry the group has handed out and not yet committed.
 Cost: the trainer calls it only after reads that returned nothing, so no entry is left undelivered, and the
 pending entries are the ones in its hands, whose sample ids it passes: the script reads no entry's content
 then, and one state per sample. Only when the queued count exceeds what those account for does it read the
-whole state hash.
+whole state hash, after which the count is what they account for (so a count that drifted, a write lost in
+a crash, costs one such read, not one per check).
 """
 
 from __future__ import annotations
@@ -98,8 +99,10 @@ for i = 1, #states, 2 do
     table.insert(vanished, states[i])
   end
 end
+-- what is left queued is what the entries account for: a count that had drifted above it is set right,
+-- so a drift alone does not make every later check read the whole hash again
+redis.call('HSET', KEYS[2], ARGV[4], accounted)
 if #vanished > 0 then
-  redis.call('HINCRBY', KEYS[2], ARGV[4], -#vanished)
   redis.call('HINCRBY', KEYS[2], ARGV[5], #vanished)
   redis.call('HINCRBY', KEYS[2], ARGV[6], #vanished)
 end
