@@ -198,9 +198,11 @@ class StreamConsumer:
                 self._reachable = True
                 return entries
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                # UNBLOCKED: the stream was deleted while this read blocked on it (Redis 7)
+                if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
                     raise
-                log.warning("group %s on %s vanished (Redis lost data?); recreating", self.group, self.stream)
+                log.warning("group %s on %s vanished (deleted by hand, or Redis lost data?); recreating",
+                            self.group, self.stream)
                 await ensure_group(self.r, self.stream, self.group)
             except asyncio.CancelledError:
                 self.rewind()  # a cancelled blocking read may have had entries delivered

@@ -264,6 +264,23 @@ async def test_a_blocking_read_returns_an_entry_written_while_it_waits(redis_cli
     await c.aclose()
 
 
+async def test_a_stream_deleted_while_a_read_blocks_on_it_is_read_on_after_its_group_is_recreated(
+        redis_client: aredis.Redis) -> None:
+    """Redis ends such a read with `UNBLOCKED the stream key no longer exists`: each service's read loop
+    raised it and its process exited (a `DEL` of any command stream cost a restart)."""
+    c = make_consumer(redis_client, "c0")
+    await c.start()
+    await produce(redis_client, 1)
+    assert values(await c.read(10, block_ms=50)) == [0]
+    reader = asyncio.create_task(c.read(10, block_ms=1500))
+    await asyncio.sleep(0.1)
+    await redis_client.delete(STREAM)
+    await asyncio.sleep(0.1)
+    await produce(redis_client, 1, start=1)
+    assert values(await asyncio.wait_for(reader, 3)) == [1]
+    await c.aclose()
+
+
 async def test_block_ms_near_the_socket_timeout_is_refused(redis_client: aredis.Redis) -> None:
     c = make_consumer(redis_client, "c0")
     with pytest.raises(ValueError):
