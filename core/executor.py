@@ -292,7 +292,10 @@ class ExecutorCore:
             members: tuple[str, ...] = yield SetMembers(replica_ids=command.replica_ids,
                                                         add=isinstance(command, cc.AddReplicas))
             self.serving_hybrids = tuple(m for m in members if m not in self.core.standalone_ids)
-            yield SetActiveReplicas(num_replicas=len(members))
+            # every standalone counts, also one the LB holds out of routing as dead right now: it is back
+            # when it beats again, and nothing would tell the rollouter then (a 0 here stopped its feed
+            # for good after a Redis pause that expired every heartbeat at once)
+            yield SetActiveReplicas(num_replicas=len(self.core.standalone_ids) + len(self.serving_hybrids))
         elif isinstance(command, cc.AbortReplicas | cc.SleepReplicas | cc.WakeReplicas | cc.ResumeReplicas):
             yield WorkerCall(replica_ids=command.replica_ids, action=_WORKER_ACTIONS[type(command)])
         elif isinstance(command, cc.SyncWeights):

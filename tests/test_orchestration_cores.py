@@ -140,6 +140,19 @@ def test_a_micro_step_with_active_hybrids_waits_then_removes_aborts_and_sleeps_t
     assert executor.serving_hybrids == ()
 
 
+def test_the_rollouter_counts_every_standalone_even_while_the_lb_holds_them_out_of_routing_as_dead() -> None:
+    """After a Redis pause that expired every heartbeat, the LB had no member left when the hybrids were
+    removed: the rollouter was told 0 replicas, and its feed stopped for good once the standalones were
+    back (nothing announces a return)."""
+    executor = ex.ExecutorCore(core=make_core(policy=SpyPolicy(activate=True, wait=7)), clock=lambda: 0.0)
+    ex.drive(executor.on_weights_ready(weights_ready(0)), Peers())
+    peers = Peers()
+    peers.members = list(H)  # the standalone is out of routing: its heartbeat expired
+    event = TrainerEvent(phase=TrainerPhase.MICRO_STEP_START, global_steps=1, version=0)
+    ex.drive(executor.on_micro_step_start(event), peers)
+    assert ex.SetActiveReplicas(num_replicas=len(S)) in peers.ops
+
+
 # ---- core.trainer_cycle ------------------------------------------------------------------------
 
 
