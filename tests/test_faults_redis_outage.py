@@ -13,6 +13,7 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,24 +147,32 @@ def test_redis_gone_for_longer_than_the_retry_window_fails_the_run_with_its_outp
     assert summary["micro_steps"] >= 2
 
 
+def run_until_state_lost(tmp_path: Path, server: RedisServer, fault: Callable[[launcher.Job], None], *,
+                         match: str) -> dict[str, Any]:
+    """A run on `server` meets `fault` after 4 micro-steps and must end in RedisStateLost (`match`); its
+    failed summary."""
+    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
+    out = tmp_path / "run"
+    try:
+        with pytest.raises(launcher.RedisStateLost, match=match), \
+                launcher.Job(config_path=config, out_dir=out, redis_url=server.url) as job:
+            wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60,
+                     what="4 micro-steps")
+            fault(job)
+            run_to_the_end(job, timeout_s=60)
+    finally:
+        server.stop()
+    return failed_summary(out, flag="redis_state_lost", reason="RedisStateLost")
+
+
 def test_redis_restarted_without_its_append_only_file_fails_the_run_instead_of_starting_it_again(
         tmp_path: Path) -> None:
     """A Redis that comes back empty (no AOF, a flush, evicted keys) holds none of the run: left alone,
     the services hung here (or, after a flush, started a new ledger); the launcher stops the run."""
     server = RedisServer(workdir=tmp_path / "redis", appendonly=False)
     server.start()
-    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
-    out = tmp_path / "run"
-    try:
-        with pytest.raises(launcher.RedisStateLost, match="append-only file"), \
-                launcher.Job(config_path=config, out_dir=out, redis_url=server.url) as job:
-            wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60,
-                     what="4 micro-steps")
-            server.restart()  # same port, nothing kept
-            run_to_the_end(job, timeout_s=60)
-    finally:
-        server.stop()
-    summary = failed_summary(out, flag="redis_state_lost", reason="RedisStateLost")
+    summary = run_until_state_lost(tmp_path, server, lambda job: server.restart(),  # same port, nothing kept
+                                   match="append-only file")
     assert summary["micro_steps"] >= 4, "the summary holds what the launcher knew before the loss"
 
 
@@ -173,18 +182,8 @@ def test_a_sample_ledger_deleted_by_hand_mid_run_fails_the_run_instead_of_leavin
     which dead-lettered them all, and the run waited for good; the launcher now stops it with the reason."""
     server = RedisServer(workdir=tmp_path / "redis", appendonly=True)
     server.start()
-    config = live_config(tmp_path, time_scale=0.02, total_rollout_steps=SAMPLES)
-    out = tmp_path / "run"
-    try:
-        with pytest.raises(launcher.RedisStateLost, match="sample ledger"), \
-                launcher.Job(config_path=config, out_dir=out, redis_url=server.url) as job:
-            wait_for(lambda: job.poll() and job.completed_micro_steps() >= 4, timeout_s=60,
-                     what="4 micro-steps")
-            job.redis.delete(job.names.sample_states)
-            run_to_the_end(job, timeout_s=60)
-    finally:
-        server.stop()
-    failed_summary(out, flag="redis_state_lost", reason="RedisStateLost")
+    run_until_state_lost(tmp_path, server, lambda job: job.redis.delete(job.names.sample_states),
+                         match="sample ledger")
 
 
 def test_dynsched_run_with_redis_gone_for_good_ends_in_one_line_and_writes_its_summary(
