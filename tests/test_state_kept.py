@@ -4,7 +4,7 @@ the start it wrote, and a state for every sample the accounting counts as fed.""
 from __future__ import annotations
 
 from services.state_kept import lost_state_reason
-from shared.names import AccountingField, Names, RunStateField
+from shared.names import AccountingField, Names, RunStateField, SampleState
 from shared.redis_client import connect_sync
 
 NAMES = Names("kept")
@@ -14,7 +14,7 @@ RUN_ID = "1.5"
 def test_a_whole_run_state_has_no_reason_to_stop_and_each_loss_names_what_is_gone(redis_server):
     client = connect_sync(redis_server.url)
     try:
-        client.hset(NAMES.sample_states, mapping={"a": "queued", "b": "trained"})
+        client.hset(NAMES.sample_states, mapping={"a": SampleState.QUEUED, "b": SampleState.TRAINED})
         client.hset(NAMES.accounting, AccountingField.FED, 2)
         run_state = {RunStateField.STARTED_AT: RUN_ID}
 
