@@ -112,9 +112,13 @@ class Rollouter:
         orphans = [text(sid) for sid, s in (await self.bus.redis.hgetall(names.sample_states)).items()
                    if text(s) == SampleState.GENERATING]
         for sample_id in sorted(orphans):
-            log.warning("regenerating %s (in flight when the previous rollouter stopped)", sample_id)
-            self.lifecycle.adopt(sample_id, time.time())
-            await self._submit(self._new_progress(sample_id), record_feed=False)
+            await self._generate_again(sample_id, why="in flight when the previous rollouter stopped")
+
+    async def _generate_again(self, sample_id: str, *, why: str) -> None:
+        """A sample already `generating` in Redis that this rollouter does not hold: start it over."""
+        log.warning("regenerating %s (%s)", sample_id, why)
+        self.lifecycle.adopt(sample_id, time.time())
+        await self._submit(self._new_progress(sample_id), record_feed=False)
 
     # -- feed ----------------------------------------------------------------------
 
@@ -189,9 +193,7 @@ class Rollouter:
             states = await self.bus.redis.hmget(self.bus.names.sample_states, ids) if ids else []
             for sample_id, state in zip(ids, states, strict=True):
                 if text(state or b"") == SampleState.GENERATING and sample_id not in self.progress:
-                    log.warning("regenerating %s (queued, but its MessageQueue entry vanished)", sample_id)
-                    self.lifecycle.adopt(sample_id, time.time())
-                    await self._submit(self._new_progress(sample_id), record_feed=False)
+                    await self._generate_again(sample_id, why="queued, but its MessageQueue entry vanished")
             await sub.ack(*(entry_id for entry_id, _ in batch))
 
     async def _send_retries(self, stop: asyncio.Event) -> None:
